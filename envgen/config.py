@@ -1,0 +1,277 @@
+"""The environment configuration: the YAML file the environment engineer edits between stages.
+
+Example (``configs/default.yaml``)::
+
+    num_agents: 2
+    budget: 4000
+    seed: 0
+    sizes:
+      3: {data_ratio: 0.125, hole_ratio: 0.2, wait_ratio: 0.5}
+      4: {data_ratio: 0.125, hole_ratio: 0.2, wait_ratio: 0.5}
+
+Every field carries a description (read by the engineer LLM through :func:`describe_fields`), a JSON schema is
+exported for constrained decoding (:func:`config_json_schema`), and invalid values raise :class:`ConfigError` whose
+message names the field, the allowed range and the fix.
+
+Data ratios are relative weights: they are normalised over the listed sizes (``EnvConfig.data_shares``), so
+``1, 1, 2`` means a quarter, a quarter and a half. A size with ratio 0 gets no instances. At least one must be positive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from envgen.files import atomic_write_text
+
+MIN_SIZE = 3
+MAX_SIZE = 16
+DEFAULT_SIZES = tuple(range(3, 11))
+
+
+class ConfigError(ValueError):
+    """An invalid configuration. The message has one line per problem: field, value, allowed range, fix."""
+
+
+class SizeConfig(BaseModel):
+    """Knobs of one map size (an N x N grid)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    data_ratio: float = Field(
+        ge=0.0, le=1.0,
+        description="Share of the stage's instance budget given to this map size (a weight in [0, 1]; the weights "
+        "of all sizes are normalised to sum to 1). 0 removes the size from the stage.",
+    )
+    hole_ratio: float = Field(
+        default=0.2, ge=0.0, le=0.5,
+        description="Fraction of the grid's cells that are holes (obstacles), in [0, 0.5]; the generator places "
+        "round(hole_ratio * N * N) holes. More holes mean narrower corridors and longer detours.",
+    )
+    wait_ratio: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="Fraction of this size's instances whose optimal plan needs coordination: a wait or a detour, "
+        "i.e. optimal sum of costs greater than the sum of the agents' individual shortest paths. In [0, 1]; "
+        "needs at least 2 agents to be above 0.",
+    )
+    min_path_length: int = Field(
+        default=1, ge=1, le=2 * (MAX_SIZE - 1),
+        description="Smallest shortest-path distance from each agent's start to its goal. Raise it to force "
+        "longer routes (at most 2 * (N - 1) on an N x N grid).",
+    )
+
+
+class EnvConfig(BaseModel):
+    """One curriculum stage's environment: which MAPF-FrozenLake instances the generator draws."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_agents: int = Field(
+        default=2, ge=1, le=8,
+        description="Agents per instance, 1 to 8 (training uses 2; evaluation uses 3 to 5).",
+    )
+    budget: int = Field(
+        default=4000, ge=1, le=1_000_000,
+        description="Instances generated for the stage (the trajectory budget of a GRPO round), 1 to 1,000,000.",
+    )
+    seed: int = Field(
+        default=0, ge=0, le=2**63 - 1,
+        description="Generator seed. The same configuration and seed give byte-identical instance files.",
+    )
+    sizes: dict[int, SizeConfig] = Field(
+        description=f"Per map size N (an N x N grid, N from {MIN_SIZE} to {MAX_SIZE}) its knobs. Sizes not listed "
+        "get no instances.",
+    )
+
+    @field_validator("sizes", mode="before")
+    @classmethod
+    def _size_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            out = {}
+            for key, knobs in value.items():
+                try:
+                    size = int(str(key).lower().split("x")[0])
+                except ValueError:
+                    raise ValueError(f"size key {key!r} is not a whole number; use keys such as 3, 4, ... {MAX_SIZE}") from None
+                if not MIN_SIZE <= size <= MAX_SIZE:
+                    raise ValueError(f"size {size} is outside {MIN_SIZE}..{MAX_SIZE}; remove it or use a size in range")
+                if size in out:
+                    raise ValueError(f"size {size} is listed twice; keep one entry per size")
+                out[size] = knobs
+            return out
+        return value
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> EnvConfig:
+        problems = []
+        if not self.sizes:
+            problems.append("sizes: empty; list at least one map size, e.g. {3: {data_ratio: 1.0}}")
+        elif sum(s.data_ratio for s in self.sizes.values()) <= 0:
+            problems.append("sizes.*.data_ratio: all are 0; give at least one size a positive data_ratio")
+        for n, s in self.sizes.items():
+            if s.min_path_length > 2 * (n - 1):
+                problems.append(f"sizes.{n}.min_path_length = {s.min_path_length}: the longest distance on a {n}x{n} grid is "
+                                f"{2 * (n - 1)}; set it to at most {2 * (n - 1)}")
+            if self.num_agents == 1 and s.wait_ratio > 0 and s.data_ratio > 0:
+                problems.append(f"sizes.{n}.wait_ratio = {s.wait_ratio}: with num_agents = 1 no instance needs a wait; set it to 0")
+            free = n * n - round(s.hole_ratio * n * n)
+            if free < 2 * self.num_agents and s.data_ratio > 0:
+                problems.append(f"sizes.{n}.hole_ratio = {s.hole_ratio}: leaves {free} free cells for {self.num_agents} agents' "
+                                f"{2 * self.num_agents} starts and goals; lower hole_ratio or num_agents")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    # ------------------------------------------------------------------ derived
+    def data_shares(self) -> dict[int, float]:
+        """The normalised share of the budget per size (sums to 1)."""
+        total = sum(s.data_ratio for s in self.sizes.values())
+        return {n: s.data_ratio / total for n, s in sorted(self.sizes.items())}
+
+    def allocation(self) -> dict[int, int]:
+        """Instances per size: ``budget * share`` rounded by largest remainder (each within 1 of its exact share;
+        ties go to the smaller size), summing to ``budget``."""
+        shares = self.data_shares()
+        exact = {n: self.budget * share for n, share in shares.items()}
+        counts = {n: int(x) for n, x in exact.items()}
+        left = self.budget - sum(counts.values())
+        for n in sorted(exact, key=lambda k: (-(exact[k] - counts[k]), k))[:left]:
+            counts[n] += 1
+        return counts
+
+    # ---------------------------------------------------------------- file I/O
+    def to_yaml(self) -> str:
+        data = self.model_dump()
+        data["sizes"] = {n: self.sizes[n].model_dump() for n in sorted(self.sizes)}
+        return yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+    def save(self, path: str | Path) -> None:
+        """Write the YAML atomically (a crash never leaves a half-written file)."""
+        atomic_write_text(path, self.to_yaml())
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<yaml>") -> EnvConfig:
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f"{source}:{mark.line + 1}" if mark else source
+            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping with num_agents, budget, seed and sizes, got {type(data).__name__}")
+        return cls.parse(data, source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> EnvConfig:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the configuration ({e.strerror or e})") from None
+        return cls.from_yaml(text, str(path))
+
+    @classmethod
+    def parse(cls, data: dict[str, Any], source: str = "<config>") -> EnvConfig:
+        """Validate a mapping; errors become a :class:`ConfigError` naming every bad field and its fix."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, source)) from None
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    """One line per problem: ``source: field = value: what is allowed; fix``."""
+    lines = [f"{source}: invalid configuration ({error.error_count()} problem(s))"]
+    for err in error.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        ctx = err.get("ctx") or {}
+        value = err.get("input")
+        shown = "" if isinstance(value, dict) else f" = {value!r}"
+        kind = err["type"]
+        if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+            lo, hi = _field_range(err["loc"])
+            fix = f"allowed range [{lo}, {hi}]; set {loc} to a value in that range"
+        elif kind == "missing":
+            fix = f"the field is required; add {loc} (see `env-engineer config-schema`)"
+        elif kind == "extra_forbidden":
+            fix = "unknown field; remove it or check its spelling (see `env-engineer config-schema`)"
+        elif kind == "value_error":
+            fix = str(ctx.get("error", err["msg"]))
+        else:
+            fix = err["msg"]
+        if kind == "value_error" and not err["loc"]:
+            lines.extend(f"  {line}" for line in fix.splitlines())
+        else:
+            lines.append(f"  {loc}{shown}: {fix}")
+    return "\n".join(lines)
+
+
+def _field_range(loc: tuple) -> tuple[Any, Any]:
+    model: type[BaseModel] = EnvConfig
+    name = loc[-1]
+    if len(loc) >= 3 and loc[0] == "sizes":
+        model = SizeConfig
+    field = model.model_fields.get(str(name))
+    lo = hi = None
+    for meta in (field.metadata if field else []):
+        lo = getattr(meta, "ge", lo) if getattr(meta, "ge", None) is not None else lo
+        hi = getattr(meta, "le", hi) if getattr(meta, "le", None) is not None else hi
+    return lo, hi
+
+
+def config_json_schema(sizes: tuple[int, ...] = DEFAULT_SIZES) -> dict[str, Any]:
+    """A strict JSON schema of :class:`EnvConfig` with one required property per listed size, for constrained
+    decoding (grammar libraries, ``response_format``) and for validating proposals."""
+    size_schema = SizeConfig.model_json_schema()
+    size_schema.pop("title", None)
+    size_schema["additionalProperties"] = False
+    size_schema["required"] = list(SizeConfig.model_fields)
+    top = EnvConfig.model_json_schema()
+    props = {k: v for k, v in top["properties"].items() if k != "sizes"}
+    for v in props.values():
+        v.pop("title", None)
+    return {
+        "title": "EnvConfig",
+        "description": (EnvConfig.__doc__ or "").strip(),
+        "type": "object",
+        "additionalProperties": False,
+        "required": [*props, "sizes"],
+        "properties": {
+            **props,
+            "sizes": {
+                "type": "object",
+                "description": EnvConfig.model_fields["sizes"].description,
+                "additionalProperties": False,
+                "required": [str(n) for n in sizes],
+                "properties": {str(n): size_schema for n in sizes},
+            },
+        },
+    }
+
+
+def describe_fields() -> str:
+    """Every field with its range and description, as plain text for an LLM prompt."""
+    lines = []
+    for prefix, model in (("", EnvConfig), ("sizes.N.", SizeConfig)):
+        for name, field in model.model_fields.items():
+            if name == "sizes":
+                continue
+            lo, hi = _field_range(("sizes", 0, name) if prefix else (name,))
+            rng = f" [{lo}..{hi}]" if lo is not None or hi is not None else ""
+            default = "" if field.is_required() else f" (default {field.default})"
+            lines.append(f"- {prefix}{name}{rng}{default}: {field.description}")
+    lines.insert(3, f"- sizes: {EnvConfig.model_fields['sizes'].description}")
+    return "\n".join(lines)
+
+
+def default_config(budget: int = 4000, seed: int = 0, num_agents: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES) -> EnvConfig:
+    """The round-0 configuration: equal shares over the sizes, 20% holes, half the instances need coordination."""
+    return EnvConfig(num_agents=num_agents, budget=budget, seed=seed,
+                     sizes={n: SizeConfig(data_ratio=round(1 / len(sizes), 6)) for n in sizes})
+
+
+def schema_json(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
+    return json.dumps(config_json_schema(sizes), indent=2)

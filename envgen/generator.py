@@ -1,0 +1,195 @@
+"""Instance generator: draws solved MAPF-FrozenLake instances for an :class:`~envgen.config.EnvConfig`.
+
+Layout of a stage. ``config.allocation()`` splits the budget over the sizes (largest remainder, each size within one
+instance of its exact share). Within a size, exactly ``round(wait_ratio * count)`` slots ask for an instance that needs
+coordination (optimal sum of costs above the sum of individual shortest paths) and the rest for one that does not;
+the two kinds are interleaved evenly. So the achieved data ratio of a size is within ``1 / budget`` of its share and the
+achieved wait ratio within ``0.5 / count`` of the target; the hole ratio is exact up to rounding to whole cells.
+
+A draw for slot ``index``: ``round(hole_ratio * N * N)`` holes placed uniformly at random; each agent's start uniform
+over the free cells no other agent starts on; its goal uniform over the cells reachable from the start at distance at
+least ``min_path_length`` that no other agent has as goal. Slots that need coordination alternate these draws with
+head-on draws (see :func:`draw_instance`), in which the second agent walks part of the first one's shortest path in
+reverse: natural draws rarely need a wait on open grids (under 1% on an empty 10x10), head-on draws often do. The draw is solved by CBS and rejected when unsolvable (or
+not solved within the generator's solver budget), when it is of the wrong kind, or when its content hash repeats an
+earlier instance or an excluded one (e.g. the benchmark's). Every draw of slot ``index`` comes from one random stream
+seeded by ``(seed, index)``, so a stage is reproducible and an instance can be regenerated from its record. After
+``max_attempts`` rejected draws a :class:`GenerationError` names the size, its knobs and the rejection counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from envgen.cbs import Solved, SolverBudget, Unsolved, solve
+from envgen.config import EnvConfig, SizeConfig
+from envgen.grid import Grid, grid_of
+from envgen.instance import FREE, HOLE, Instance
+
+GENERATOR_VERSION = "mapf-frozenlake-gen/1"
+
+
+class GenerationError(RuntimeError):
+    """The generator could not fill a slot: the message names the infeasible part of the configuration."""
+
+
+@dataclass(frozen=True)
+class GeneratorOptions:
+    """Settings of the generator itself (not of the environment, so not in the engineer's YAML).
+
+    Attributes:
+        max_attempts: rejected draws allowed per instance before :class:`GenerationError`.
+        solver: the budget of each draw's solve; draws not solved within it are rejected (a mild bias against the
+            very hardest instances, counted in the rejection statistics).
+    """
+
+    max_attempts: int = 5000
+    solver: SolverBudget = field(default_factory=lambda: SolverBudget(max_nodes=2000, max_seconds=5.0))
+
+
+@dataclass(frozen=True)
+class Slot:
+    """What slot ``index`` of a stage asks for."""
+
+    index: int
+    size: int
+    needs_wait: bool
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One generated instance with its ground truth and provenance."""
+
+    slot: Slot
+    instance: Instance
+    solution: Solved
+    draw_seed: int
+    attempts: int
+
+
+def slot_layout(config: EnvConfig) -> list[Slot]:
+    """The stage's slots in order: sizes ascending, wait and no-wait slots interleaved within each size."""
+    slots: list[Slot] = []
+    for size, count in config.allocation().items():
+        n_wait = round(config.sizes[size].wait_ratio * count)
+        for j in range(count):
+            # Bresenham-style interleaving: slot j needs a wait when the running quota steps up.
+            wait = (j + 1) * n_wait // count > j * n_wait // count if count else False
+            slots.append(Slot(len(slots), size, wait))
+    return slots
+
+
+def draw_seed(seed: int, index: int) -> int:
+    """The seed of slot ``index``'s random stream (stable across Python versions and platforms)."""
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def draw_instance(rng: random.Random, size: int, knobs: SizeConfig, num_agents: int, head_on: bool = False) -> Instance | None:
+    """One random instance for a size, or None when the holes leave no valid placement for some agent.
+
+    Goals are drawn first (uniform over free cells no other agent has as goal), then the start uniform over the free
+    cells at distance at least ``min_path_length`` from the goal that no other agent starts on. With ``head_on``, the
+    second agent instead walks a random stretch of a random shortest path of the first agent backwards (its start and
+    goal both lie on that path, at least ``min_path_length`` apart): a proposal that often needs coordination.
+    """
+    cells = size * size
+    holes = set(rng.sample(range(cells), round(knobs.hole_ratio * cells)))
+    rows = tuple("".join(HOLE if r * size + c in holes else FREE for c in range(size)) for r in range(size))
+    grid = grid_of(rows)
+    free_cells = [i for i in range(cells) if i not in holes]
+    min_len = knobs.min_path_length
+    starts: list[int] = []
+    goals: list[int] = []
+    for a in range(num_agents):
+        if head_on and a == 1:
+            path = _random_shortest_path(rng, grid, starts[0], goals[0])
+            span = len(path) - 1
+            i = rng.randint(0, span - min_len)
+            s, g = path[rng.randint(i + min_len, span)], path[i]
+            if s in starts or g in goals:
+                return None
+        else:
+            g = rng.choice([c for c in free_cells if c not in goals])
+            dist = grid.distances_from(g)
+            options = [c for c in free_cells if dist[c] >= min_len and c not in starts]
+            if not options:
+                return None
+            s = rng.choice(options)
+        starts.append(s)
+        goals.append(g)
+    return Instance(rows, tuple(divmod(s, size) for s in starts), tuple(divmod(g, size) for g in goals))
+
+
+def _random_shortest_path(rng: random.Random, grid: Grid, start: int, goal: int) -> list[int]:
+    """A shortest path chosen by uniform random tie-breaking at every step."""
+    dist = grid.distances_from(goal)
+    path = [start]
+    u = start
+    while u != goal:
+        d = dist[u] - 1
+        u = rng.choice([v for v in grid.neighbors[u] if dist[v] == d])
+        path.append(u)
+    return path
+
+
+def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: set[str]) -> Generated:
+    """Draw until an instance fits the slot; raises :class:`GenerationError` after ``options.max_attempts``."""
+    knobs = config.sizes[slot.size]
+    seed = draw_seed(config.seed, slot.index)
+    rng = random.Random(seed)
+    rejected: Counter[str] = Counter()
+    for attempt in range(1, options.max_attempts + 1):
+        head_on = slot.needs_wait and config.num_agents > 1 and attempt % 2 == 0
+        instance = draw_instance(rng, slot.size, knobs, config.num_agents, head_on)
+        if instance is None:
+            rejected["no placement for starts/goals"] += 1
+            continue
+        digest = instance.content_hash
+        if digest in taken:
+            rejected["duplicate"] += 1
+            continue
+        result = solve(instance, options.solver)
+        if isinstance(result, Unsolved):
+            rejected["unsolvable" if result.reason.proven else "over solver budget"] += 1
+            continue
+        if result.needs_wait != slot.needs_wait:
+            rejected["needs a wait" if result.needs_wait else "needs no wait"] += 1
+            continue
+        taken.add(digest)
+        return Generated(slot, instance, result, seed, attempt)
+    raise GenerationError(_infeasible_message(slot, config, options, rejected))
+
+
+def _infeasible_message(slot: Slot, config: EnvConfig, options: GeneratorOptions, rejected: Counter[str]) -> str:
+    k = config.sizes[slot.size]
+    n = slot.size
+    want = "needs a wait" if slot.needs_wait else "needs no wait"
+    why = ", ".join(f"{reason}: {count}" for reason, count in rejected.most_common())
+    if slot.needs_wait and rejected["needs no wait"] >= options.max_attempts // 2:
+        fix = f"lower sizes.{n}.wait_ratio (now {k.wait_ratio}), or raise hole_ratio/num_agents so agents meet more often"
+    elif not slot.needs_wait and rejected["needs a wait"] >= options.max_attempts // 2:
+        fix = f"raise sizes.{n}.wait_ratio (now {k.wait_ratio}) or lower hole_ratio (now {k.hole_ratio})"
+    elif rejected["duplicate"] >= options.max_attempts // 2:
+        fix = f"this size has too few distinct instances: lower sizes.{n}.data_ratio (now {k.data_ratio}) or the budget"
+    else:
+        fix = f"lower sizes.{n}.hole_ratio (now {k.hole_ratio}) or sizes.{n}.min_path_length (now {k.min_path_length})"
+    return (f"sizes.{n}: no instance that {want} in {options.max_attempts} draws for slot {slot.index} "
+            f"(num_agents={config.num_agents}, hole_ratio={k.hole_ratio}, wait_ratio={k.wait_ratio}, "
+            f"min_path_length={k.min_path_length}); rejected draws: {why}. Fix: {fix}.")
+
+
+def generate(config: EnvConfig, options: GeneratorOptions | None = None, exclude: Iterable[str] = (),
+             on_progress: Callable[[int], None] | None = None) -> Iterator[Generated]:
+    """Yield the stage's instances in slot order. ``exclude`` holds content hashes that must not appear (for example
+    the benchmark's); ``on_progress(1)`` is called after each instance."""
+    options = options or GeneratorOptions()
+    taken = set(exclude)
+    for slot in slot_layout(config):
+        yield fill_slot(slot, config, options, taken)
+        if on_progress is not None:
+            on_progress(1)

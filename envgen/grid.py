@@ -1,0 +1,130 @@
+"""Moves and the grid graph shared by the solver, the simulator and the generator.
+
+Cells are numbered ``index = row * width + col``. A :class:`Grid` is derived once per distinct grid (cached), and holds
+flat lookup tables so that the hot loops of the solver and the simulator do list indexing only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import lru_cache
+
+from envgen.instance import FREE, Cell
+
+
+class Move(str, Enum):
+    """One agent's action for one time step. ``UP`` decreases the row, ``LEFT`` decreases the column."""
+
+    UP = "UP"
+    DOWN = "DOWN"
+    LEFT = "LEFT"
+    RIGHT = "RIGHT"
+    WAIT = "WAIT"
+
+
+MOVES: tuple[Move, ...] = tuple(Move)
+DELTAS: dict[Move, Cell] = {Move.UP: (-1, 0), Move.DOWN: (1, 0), Move.LEFT: (0, -1), Move.RIGHT: (0, 1), Move.WAIT: (0, 0)}
+MOVE_OF_DELTA: dict[Cell, Move] = {d: m for m, d in DELTAS.items()}
+UNREACHABLE = -1
+
+
+@dataclass(frozen=True, eq=False)
+class Grid:
+    """Flat lookup tables for one grid.
+
+    Attributes:
+        height, width: the grid's shape.
+        free: ``free[i]`` is True where cell ``i`` is frozen (walkable).
+        neighbors: ``neighbors[i]`` lists the free 4-neighbours of free cell ``i`` (empty for holes).
+        step: ``step[m][i]`` is the cell reached by move ``MOVES[m]`` from cell ``i``, or -1 when it leaves the grid.
+        options: ``options[i]`` is ``(i, *neighbors[i])``: where an agent on ``i`` can be one step later.
+    """
+
+    height: int
+    width: int
+    free: tuple[bool, ...]
+    neighbors: tuple[tuple[int, ...], ...]
+    step: tuple[tuple[int, ...], ...]
+    options: tuple[tuple[int, ...], ...]
+    _distances: dict[int, list[int]] = field(default_factory=dict, repr=False)
+
+    def index(self, cell: Cell) -> int:
+        return cell[0] * self.width + cell[1]
+
+    def cell(self, index: int) -> Cell:
+        return divmod(index, self.width)
+
+    def distances_from(self, source: int) -> list[int]:
+        """Breadth-first distances from ``source`` to every cell (``UNREACHABLE`` for holes and cut-off cells).
+
+        Memoised per grid: the generator's draws and the solver share one search per goal. Do not modify the list."""
+        dist = self._distances.get(source)
+        if dist is None:
+            dist = self._distances[source] = _bfs(self.neighbors, source, len(self.free))
+        return dist
+
+    def components(self) -> list[int]:
+        """A component label for every cell (-1 for holes); free cells connected 4-wise share a label."""
+        label = [-1] * len(self.free)
+        nbrs = self.neighbors
+        nxt = 0
+        for s, ok in enumerate(self.free):
+            if not ok or label[s] >= 0:
+                continue
+            label[s] = nxt
+            stack = [s]
+            while stack:
+                u = stack.pop()
+                for v in nbrs[u]:
+                    if label[v] < 0:
+                        label[v] = nxt
+                        stack.append(v)
+            nxt += 1
+        return label
+
+
+def _bfs(neighbors: tuple[tuple[int, ...], ...], source: int, n: int) -> list[int]:
+    dist = [UNREACHABLE] * n
+    dist[source] = 0
+    queue = deque((source,))
+    pop, push = queue.popleft, queue.append
+    while queue:
+        u = pop()
+        du = dist[u] + 1
+        for v in neighbors[u]:
+            if dist[v] < 0:
+                dist[v] = du
+                push(v)
+    return dist
+
+
+@lru_cache(maxsize=64)
+def _tables(h: int, w: int) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+    """Move tables and 4-neighbours of an obstacle-free ``h x w`` grid (shared by all grids of that shape)."""
+    step = []
+    for m in MOVES:
+        dr, dc = DELTAS[m]
+        table = []
+        for r in range(h):
+            for c in range(w):
+                rr, cc = r + dr, c + dc
+                table.append(rr * w + cc if 0 <= rr < h and 0 <= cc < w else -1)
+        step.append(tuple(table))
+    around = tuple(tuple(step[m][i] for m in range(4) if step[m][i] >= 0) for i in range(h * w))
+    return tuple(step), around
+
+
+def grid_from_free(h: int, w: int, free: tuple[bool, ...]) -> Grid:
+    """A :class:`Grid` from a flat free-cell mask (no caching; for generators that build many grids)."""
+    step, around = _tables(h, w)
+    neighbors = tuple([tuple([v for v in nb if free[v]]) if ok else () for ok, nb in zip(free, around)])
+    options = tuple([(i, *nb) for i, nb in enumerate(neighbors)])
+    return Grid(h, w, free, neighbors, step, options)
+
+
+@lru_cache(maxsize=1024)
+def grid_of(rows: tuple[str, ...]) -> Grid:
+    """The (cached) :class:`Grid` for an instance's rows."""
+    return grid_from_free(len(rows), len(rows[0]), tuple(ch == FREE for row in rows for ch in row))

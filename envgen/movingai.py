@@ -1,0 +1,117 @@
+"""Read standard MAPF benchmarks in the MovingAI format (Sturtevant 2012; Stern et al. 2019).
+
+``.map``: a header ``type octile`` / ``height H`` / ``width W`` / ``map`` followed by H rows of W symbols. Passable:
+``.`` ``G`` ``S``; blocked: ``@`` ``O`` ``T`` ``W`` (water is blocked here, as in MAPF benchmarks' 4-connected use).
+``.scen``: ``version 1`` then one tab-separated line per agent: bucket, map file, width, height, start x, start y,
+goal x, goal y, optimal octile distance. **x is the column and y the row.** An instance with K agents is the first K
+lines of a scenario.
+
+Errors are :class:`MovingAIError`, which names the file and the line.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from envgen.instance import FREE, HOLE, Instance, InstanceError
+
+PASSABLE = frozenset(".GS")
+BLOCKED = frozenset("@OTW")
+
+
+class MovingAIError(ValueError):
+    """A malformed map or scenario file. ``path`` and ``line`` (1-based, 0 for the whole file) say where."""
+
+    def __init__(self, path: str | Path, line: int, message: str) -> None:
+        self.path, self.line = str(path), line
+        where = f"{path}:{line}" if line else str(path)
+        super().__init__(f"{where}: {message}")
+
+
+def _read(path: str | Path) -> list[str]:
+    try:
+        return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError as e:
+        raise MovingAIError(path, 0, f"cannot read the file ({e.strerror or e})") from None
+
+
+def load_map(path: str | Path) -> tuple[str, ...]:
+    """The map's rows in this project's alphabet (``F`` free, ``H`` blocked)."""
+    lines = _read(path)
+    header: dict[str, str] = {}
+    n = 0
+    while n < len(lines):
+        text = lines[n].strip()
+        n += 1
+        if text == "map":
+            break
+        if not text:
+            continue
+        key, _, value = text.partition(" ")
+        if key not in ("type", "height", "width"):
+            raise MovingAIError(path, n, f"unexpected header line {text!r}; expected type/height/width/map")
+        header[key] = value.strip()
+    else:
+        raise MovingAIError(path, n, "no 'map' line: the header must end with a line reading 'map'")
+    try:
+        height, width = int(header["height"]), int(header["width"])
+    except KeyError as e:
+        raise MovingAIError(path, 0, f"header lacks '{e.args[0]} N'") from None
+    except ValueError:
+        raise MovingAIError(path, 0, f"height/width must be integers, got {header.get('height')!r}/{header.get('width')!r}") from None
+    if height < 1 or width < 1:
+        raise MovingAIError(path, 0, f"height and width must be positive, got {height}x{width}")
+    rows = []
+    for i in range(height):
+        if n + i >= len(lines):
+            raise MovingAIError(path, n + i + 1, f"the map has {i} rows, the header says height {height}")
+        raw = lines[n + i].rstrip("\r\n")
+        if len(raw) != width:
+            raise MovingAIError(path, n + i + 1, f"row {i} has {len(raw)} symbols, the header says width {width}")
+        bad = set(raw) - PASSABLE - BLOCKED
+        if bad:
+            raise MovingAIError(path, n + i + 1, f"unknown map symbol(s) {sorted(bad)}; passable {sorted(PASSABLE)}, blocked {sorted(BLOCKED)}")
+        rows.append("".join(FREE if ch in PASSABLE else HOLE for ch in raw))
+    return tuple(rows)
+
+
+def load_scen(path: str | Path) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Agents of a scenario as ``((start_row, start_col), (goal_row, goal_col))``, in file order."""
+    lines = _read(path)
+    agents = []
+    for n, raw in enumerate(lines, start=1):
+        text = raw.strip()
+        if not text or (n == 1 and text.startswith("version")):
+            continue
+        cols = raw.split("\t") if "\t" in raw else raw.split()
+        if len(cols) < 8:
+            raise MovingAIError(path, n, f"expected 9 tab-separated columns (bucket, map, width, height, sx, sy, gx, gy, dist), got {len(cols)}")
+        try:
+            sx, sy, gx, gy = (int(v) for v in cols[4:8])
+        except ValueError:
+            raise MovingAIError(path, n, f"start/goal coordinates must be integers, got {cols[4:8]}") from None
+        agents.append(((sy, sx), (gy, gx)))
+    if not agents:
+        raise MovingAIError(path, 0, "the scenario lists no agents")
+    return agents
+
+
+def load_instance(map_path: str | Path, scen_path: str | Path, agents: int) -> Instance:
+    """The first ``agents`` agents of a scenario on its map."""
+    rows = load_map(map_path)
+    scen = load_scen(scen_path)
+    if not 1 <= agents <= len(scen):
+        raise MovingAIError(scen_path, 0, f"asked for {agents} agents; the scenario has {len(scen)} (use 1..{len(scen)})")
+    chosen = scen[:agents]
+    height, width = len(rows), len(rows[0])
+    lines = [n for n, raw in enumerate(_read(scen_path), start=1) if raw.strip() and not (n == 1 and raw.strip().startswith("version"))]
+    for i, (s, g) in enumerate(chosen):
+        for what, (r, c) in (("start", s), ("goal", g)):
+            if not (0 <= r < height and 0 <= c < width):
+                raise MovingAIError(scen_path, lines[i], f"agent {i + 1} {what} (x={c}, y={r}) is outside the {width}x{height} map")
+            if rows[r][c] != FREE:
+                raise MovingAIError(scen_path, lines[i], f"agent {i + 1} {what} (x={c}, y={r}) is on a blocked cell of {map_path}")
+    try:
+        return Instance(rows, tuple(s for s, _ in chosen), tuple(g for _, g in chosen))
+    except InstanceError as e:
+        raise MovingAIError(scen_path, 0, str(e)) from None

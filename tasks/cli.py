@@ -1,0 +1,48 @@
+"""The ``env-engineer`` command: one subcommand per pipeline step and tool. ``env-engineer <command> --help`` explains each.
+
+Steps import their heavy dependencies only when they run, so ``--help`` and the small tools start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tasks import generate_instances, mapf_tools, tools
+
+    parser = argparse.ArgumentParser(
+        prog="env-engineer",
+        description="LLM-designed training environments on MAPF-FrozenLake: generate, solve and check instances, "
+        "and run the curriculum's pipeline steps.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, help_text: str, add_args, run) -> None:
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        add_args(p)
+        p.set_defaults(run=run)
+
+    add("generate-instances", "Generate a stage's solved instances from an environment configuration into Parquet.",
+        generate_instances.add_arguments, generate_instances.run)
+    add("solve", "Solve the first K agents of a MovingAI scenario optimally (CBS, sum of costs).",
+        mapf_tools.add_solve_arguments, mapf_tools.run_solve)
+    add("check-plan", "Check a plan (per agent a list of [row, col] cells) against a MovingAI instance.",
+        mapf_tools.add_check_arguments, mapf_tools.run_check)
+    add("render", "Print an instance's text views and optionally write a PNG (with its optimal plan).",
+        tools.add_render_arguments, tools.run_render)
+    add("config-schema", "Print the environment configuration's JSON schema, or a field reference with --describe.",
+        tools.add_schema_arguments, tools.run_schema)
+    add("validate-config", "Check an environment configuration YAML; print every problem with its fix.",
+        tools.add_validate_arguments, tools.run_validate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
