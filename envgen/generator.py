@@ -6,15 +6,17 @@ coordination (optimal sum of costs above the sum of individual shortest paths) a
 the two kinds are interleaved evenly. So the achieved data ratio of a size is within ``1 / budget`` of its share and the
 achieved wait ratio within ``0.5 / count`` of the target; the hole ratio is exact up to rounding to whole cells.
 
-A draw for slot ``index``: ``round(hole_ratio * N * N)`` holes placed uniformly at random; each agent's start uniform
-over the free cells no other agent starts on; its goal uniform over the cells reachable from the start at distance at
-least ``min_path_length`` that no other agent has as goal. Slots that need coordination alternate these draws with
-head-on draws (see :func:`draw_instance`), in which the second agent walks part of the first one's shortest path in
-reverse: natural draws rarely need a wait on open grids (under 1% on an empty 10x10), head-on draws often do. The draw is solved by CBS and rejected when unsolvable (or
-not solved within the generator's solver budget), when it is of the wrong kind, or when its content hash repeats an
-earlier instance or an excluded one (e.g. the benchmark's). Every draw of slot ``index`` comes from one random stream
-seeded by ``(seed, index)``, so a stage is reproducible and an instance can be regenerated from its record. After
-``max_attempts`` rejected draws a :class:`GenerationError` names the size, its knobs and the rejection counts.
+A draw for slot ``index``: ``round(hole_ratio * N * N)`` holes placed uniformly at random; each agent's goal uniform
+over the free cells no other agent has as goal, then its start uniform over the free cells at distance at least
+``min_path_length`` from that goal that no other agent starts on. Slots that need coordination alternate these draws
+with head-on draws (see :func:`draw_instance`), in which the second agent walks part of the first one's shortest path
+in reverse: natural draws rarely need a wait on open grids (under 1% on an empty 10x10), head-on draws often do.
+
+The draw is solved (:func:`envgen.cbs.solve`) and rejected when unsolvable or not solved within the generator's solver
+budget, when it is of the wrong kind, or when its content hash repeats an earlier instance or an excluded one (e.g. the
+benchmark's). Every draw of slot ``index`` comes from one random stream seeded by ``(seed, index)``, so a stage is
+reproducible and an instance can be regenerated from its record (given the hashes taken before it). After
+``max_attempts`` rejected draws a :class:`GenerationError` names the size, its knobs, the rejection counts and a fix.
 """
 
 from __future__ import annotations

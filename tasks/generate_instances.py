@@ -13,10 +13,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from envgen.config import ConfigError, EnvConfig
+from envgen.config import EnvConfig
 from envgen.dataset import write_instances
 from envgen.generator import GenerationError, Generated, GeneratorOptions, generate
 from envgen.simulate import Valid, check_paths
+from tasks.tools import load_config_or_report
 
 
 @dataclass(frozen=True)
@@ -82,10 +83,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        config = EnvConfig.load(args.config)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    config = load_config_or_report(args.config)
+    if config is None:
         return 2
     if args.max_attempts < 1:
         print(f"error: --max-attempts = {args.max_attempts}: must be at least 1", file=sys.stderr)

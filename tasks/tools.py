@@ -104,11 +104,18 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="environment configuration YAML")
 
 
-def run_validate(args: argparse.Namespace) -> int:
+def load_config_or_report(path: Path) -> EnvConfig | None:
+    """The configuration, or None after printing its problems to stderr (the caller exits with status 2)."""
     try:
-        config = EnvConfig.load(args.config)
+        return EnvConfig.load(path)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    config = load_config_or_report(args.config)
+    if config is None:
         return 2
     alloc = config.allocation()
     print(f"{args.config}: valid; {config.budget} instances, {config.num_agents} agents; per size {alloc}")
