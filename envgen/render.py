@@ -40,7 +40,7 @@ def ascii_grid(instance: Instance, numbers: bool = True, positions: Sequence[Cel
     for a, (r, c) in enumerate(instance.starts if positions is None else positions):
         cells[r][c] = agent_letter(a)
     if not numbers:
-        return "\n".join("".join(row) for row in cells)
+        return "\n".join(" ".join(row) for row in cells)
     w = len(str(instance.width - 1))
     pad = len(str(instance.height - 1))
     head = " " * (pad + 1) + " ".join(f"{c:>{w}}" for c in range(instance.width))

@@ -10,7 +10,8 @@ import sys
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tasks import generate_instances, mapf_tools, tools
+    from policy import serve
+    from tasks import generate_instances, mapf_tools, rollout, tools, validate
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -26,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("generate-instances", "Generate a stage's solved instances from an environment configuration into Parquet.",
         generate_instances.add_arguments, generate_instances.run)
+    add("rollout", "Answer every instance G times with a model (+ adapter); score and write trajectories Parquet.",
+        rollout.add_arguments, rollout.run)
+    add("validate", "Check a Parquet dataset against its great-expectations suite (exit 1 on failure).",
+        validate.add_arguments, validate.run)
+    add("serve", "Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve.add_arguments, serve.run)
     add("solve", "Solve the first K agents of a MovingAI scenario optimally (CBS, sum of costs).",
         mapf_tools.add_solve_arguments, mapf_tools.run_solve)
     add("check-plan", "Check a plan (per agent a list of [row, col] cells) against a MovingAI instance.",

@@ -1,0 +1,279 @@
+"""Generation backends behind one interface: ``generate(conversations, n, params) -> per conversation n Generations``.
+
+Registry :data:`BACKENDS`:
+
+- ``transformers`` (default; CPU or GPU): batched sampling with left padding, stop strings, per-batch seeds.
+- ``vllm`` (GPU): imported only when chosen; LoRA adapters through ``LoRARequest``.
+- ``openai``: any OpenAI-compatible chat-completions endpoint (base URL, model name, API key read from an environment
+  variable and never logged), retries with exponential backoff on connection errors, 429 and 5xx.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+Conversation = list[dict[str, str]]
+
+
+class BackendError(RuntimeError):
+    """A backend could not generate (missing package, unreachable endpoint after retries, bad response)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample.
+
+    Attributes:
+        max_new_tokens: completion length cap.
+        temperature: 0 means greedy decoding.
+        top_p: nucleus sampling mass.
+        seed: base seed; batch ``k`` of a run uses ``seed + k``.
+        stop: generation stops after any of these strings (kept in the text).
+    """
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    stop: tuple[str, ...] = ("</answer>",)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be at least 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature = {self.temperature}: must be 0 (greedy) or positive")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p = {self.top_p}: must be in (0, 1]")
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One completion."""
+
+    text: str
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    latency_s: float
+    seed: int
+
+
+class Backend(Protocol):
+    name: str
+    model_id: str
+    adapter_hash: str | None
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]: ...
+
+
+def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    cuts = [text.index(s) + len(s) for s in stop if s and s in text]
+    return (text[: min(cuts)], True) if cuts else (text, False)
+
+
+# --------------------------------------------------------------------------------------------------- transformers
+class TransformersBackend:
+    """Hugging Face ``generate``, batched: ``batch_size`` conversations times ``n`` samples per forward pass."""
+
+    name = "transformers"
+
+    def __init__(self, model: str = "embedded", adapter: str | None = None, device: str = "auto", dtype: str = "auto",
+                 batch_size: int = 8, threads: int | None = None) -> None:
+        import torch
+
+        from policy.models import load_model
+
+        if threads:
+            torch.set_num_threads(threads)
+        if batch_size < 1:
+            raise ValueError(f"batch_size = {batch_size}: must be at least 1")
+        self.loaded = load_model(model, adapter, device=device, dtype=dtype)
+        self.model_id = self.loaded.model_id
+        self.adapter_hash = self.loaded.adapter_hash
+        self.batch_size = batch_size
+
+    def prompt_text(self, conversation: Conversation) -> str:
+        return self.loaded.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        import torch
+
+        tok, model = self.loaded.tokenizer, self.loaded.model
+        out: list[list[Generation]] = []
+        for k, start in enumerate(range(0, len(conversations), self.batch_size)):
+            chunk = conversations[start : start + self.batch_size]
+            texts = [self.prompt_text(c) for c in chunk]
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.loaded.device)
+            seed = params.seed + k
+            torch.manual_seed(seed)
+            sample = params.temperature > 0
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                ids = model.generate(
+                    **enc, max_new_tokens=params.max_new_tokens, do_sample=sample, num_return_sequences=n if sample else 1,
+                    temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
+                    top_k=None, pad_token_id=tok.pad_token_id, stop_strings=list(params.stop) or None, tokenizer=tok,
+                )
+            latency = time.perf_counter() - t0
+            new = ids[:, enc["input_ids"].shape[1]:]
+            prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
+            ends = {tok.pad_token_id, tok.eos_token_id}
+            for i in range(len(chunk)):
+                gens = []
+                for j in range(n):  # greedy decoding makes one sequence per prompt: its n samples are copies
+                    row = new[i * n + j if sample else i].tolist()
+                    count = next((t for t, token in enumerate(row) if token in ends), len(row))
+                    text, stopped = _cut_at_stop(tok.decode(row[:count], skip_special_tokens=True), params.stop)
+                    reason = "stop" if stopped or count < params.max_new_tokens else "length"
+                    gens.append(Generation(text, int(prompt_lens[i]), count, reason, latency, seed))
+                out.append(gens)
+            if on_progress is not None:
+                on_progress(len(chunk))
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------- vllm
+class VLLMBackend:
+    """vLLM offline engine (GPU). Needs ``pip install -e '.[gpu]'`` on a CUDA machine."""
+
+    name = "vllm"
+
+    def __init__(self, model: str = "embedded", adapter: str | None = None, gpu_memory_utilization: float = 0.85,
+                 tensor_parallel_size: int = 1, max_lora_rank: int = 64, **_: Any) -> None:
+        try:
+            import vllm
+        except ImportError as e:
+            raise BackendError("the vllm backend needs vLLM, which is not installed: on a CUDA machine run "
+                               "`pip install -e '.[gpu]'`, or choose backend 'transformers'") from e
+        from policy.models import adapter_hash, model_id, resolve_model
+
+        self._vllm = vllm
+        self.model_id = model_id(model)
+        self.adapter_hash = adapter_hash(adapter)
+        self.adapter = adapter
+        self.engine = vllm.LLM(model=str(resolve_model(model)), enable_lora=adapter is not None, max_lora_rank=max_lora_rank,
+                               gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        vllm = self._vllm
+        sp = vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                                 seed=params.seed, stop=list(params.stop), include_stop_str_in_output=True)
+        lora = None
+        if self.adapter is not None:
+            from vllm.lora.request import LoRARequest
+
+            lora = LoRARequest("adapter", 1, str(self.adapter))
+        t0 = time.perf_counter()
+        results = self.engine.chat(list(conversations), sp, lora_request=lora, use_tqdm=False)
+        latency = time.perf_counter() - t0
+        out = []
+        for r in results:
+            out.append([Generation(o.text, len(r.prompt_token_ids), len(o.token_ids), o.finish_reason or "stop", latency, params.seed)
+                        for o in r.outputs])
+        if on_progress is not None:
+            on_progress(len(conversations))
+        return out
+
+
+# -------------------------------------------------------------------------------------------------------- openai
+class OpenAIBackend:
+    """Any OpenAI-compatible ``/chat/completions`` endpoint.
+
+    Args:
+        base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
+        model: the endpoint's model name.
+        api_key_env: name of the environment variable holding the key (the key itself is never logged or stored);
+            unset means no ``Authorization`` header.
+        max_retries / backoff_s: retries on connection errors, 429 and 5xx, waiting ``backoff_s * 2**k`` (+ jitter).
+    """
+
+    name = "openai"
+
+    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0,
+                 max_retries: int = 5, backoff_s: float = 1.0, extra_body: dict[str, Any] | None = None, **_: Any) -> None:
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url = {base_url!r}: must start with http:// or https://")
+        self.url = base_url.rstrip("/") + "/chat/completions"
+        self.model_id = model
+        self.adapter_hash = None
+        self.api_key_env = api_key_env
+        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
+        self.extra_body = extra_body or {}
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Content-Type": "application/json"}
+        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        data = json.dumps(body).encode()
+        last = ""
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    return json.loads(response.read())
+            except urllib.error.HTTPError as e:
+                detail = e.read()[:300].decode(errors="replace")
+                last = f"HTTP {e.code} from {self.url}: {detail}"
+                if e.code != 429 and e.code < 500:
+                    raise BackendError(last) from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
+                last = f"cannot reach {self.url}: {getattr(e, 'reason', e)}"
+            except json.JSONDecodeError:
+                raise BackendError(f"{self.url} answered with something that is not JSON") from None
+            if attempt < self.max_retries:
+                time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
+        raise BackendError(f"{last} (gave up after {self.max_retries + 1} attempts)")
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        out = []
+        for conversation in conversations:
+            gens: list[Generation] = []
+            while len(gens) < n:  # some endpoints return fewer choices than asked
+                body = {"model": self.model_id, "messages": conversation, "n": n - len(gens),
+                        "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                        "seed": params.seed + len(gens), **self.extra_body}
+                if params.stop:
+                    body["stop"] = list(params.stop)
+                t0 = time.perf_counter()
+                reply = self._post(body)
+                latency = time.perf_counter() - t0
+                choices = reply.get("choices") or []
+                if not choices:
+                    raise BackendError(f"{self.url} returned no choices")
+                usage = reply.get("usage") or {}
+                for choice in choices[: n - len(gens)]:
+                    text = (choice.get("message") or {}).get("content") or ""
+                    stop_hit = choice.get("finish_reason") == "stop"
+                    if stop_hit and params.stop and not any(s in text for s in params.stop) and "<answer>" in text:
+                        text += params.stop[0]  # OpenAI strips the stop string; put the closing tag back
+                    gens.append(Generation(text, int(usage.get("prompt_tokens", 0)),
+                                           int(usage.get("completion_tokens", 0)) // max(1, len(choices)),
+                                           choice.get("finish_reason") or "stop", latency, params.seed))
+            out.append(gens)
+            if on_progress is not None:
+                on_progress(1)
+        return out
+
+
+BACKENDS: dict[str, type] = {"transformers": TransformersBackend, "vllm": VLLMBackend, "openai": OpenAIBackend}
+"""Every generation backend, by name."""
+
+
+def make_backend(kind: str, **options: Any) -> Backend:
+    """Build a backend by name; unknown names say which exist."""
+    if kind not in BACKENDS:
+        raise ValueError(f"backend {kind!r}: choose one of {sorted(BACKENDS)}")
+    return BACKENDS[kind](**options)

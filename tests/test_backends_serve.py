@@ -1,0 +1,122 @@
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from envgen.instance import Instance
+from envgen.prompt import build_messages
+from policy.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend, VLLMBackend, make_backend
+from policy.serve import make_server
+
+CONVS = [build_messages(Instance(("FF", "FF"), ((0, 0), (1, 1)), ((1, 1), (0, 0))))] * 3
+PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_model_dir):
+    return TransformersBackend(str(tiny_model_dir), device="cpu", batch_size=2, threads=1)
+
+
+@pytest.fixture()
+def served(tiny_backend):
+    servers = []
+
+    def start(api_key=None):
+        server = make_server(tiny_backend, "127.0.0.1", 0, "tiny", api_key)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_transformers_backend_batches_samples_and_seeds(tiny_backend):
+    seen = []
+    out = tiny_backend.generate(CONVS, 2, PARAMS, on_progress=seen.append)
+    assert len(out) == 3 and all(len(g) == 2 for g in out) and sum(seen) == 3
+    g = out[0][0]
+    assert g.prompt_tokens > 50 and 0 <= g.completion_tokens <= 12 and g.finish_reason in ("stop", "length")
+    again = tiny_backend.generate(CONVS, 2, PARAMS)
+    assert [[x.text for x in gens] for gens in again] == [[x.text for x in gens] for gens in out]
+    greedy = tiny_backend.generate(CONVS[:1], 2, SamplingParams(max_new_tokens=8, temperature=0))
+    assert greedy[0][0].text == greedy[0][1].text
+
+
+def test_registry_and_missing_vllm():
+    with pytest.raises(ValueError, match="choose one of"):
+        make_backend("nope")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendError, match=r"pip install -e '\.\[gpu\]'"):
+            VLLMBackend("embedded")
+
+
+def test_openai_backend_against_the_real_server(tiny_backend, served):
+    url = served()
+    client = OpenAIBackend(url, "tiny", api_key_env="")
+    remote = client.generate(CONVS[:1], 2, PARAMS)
+    local = tiny_backend.generate(CONVS[:1], 2, PARAMS)
+    assert [g.text for g in remote[0]] == [g.text for g in local[0]]
+    assert remote[0][0].prompt_tokens == local[0][0].prompt_tokens
+    with pytest.raises(BackendError, match="HTTP 400"):
+        OpenAIBackend(url, "tiny", api_key_env="", extra_body={"n": 100}).generate(CONVS[:1], 1, PARAMS)
+
+
+def test_api_key_is_required_and_never_echoed(served, monkeypatch):
+    url = served(api_key="sekret-123")
+    monkeypatch.delenv("TEST_KEY", raising=False)
+    with pytest.raises(BackendError, match="HTTP 401") as info:
+        OpenAIBackend(url, "tiny", api_key_env="TEST_KEY", max_retries=3, backoff_s=5).generate(CONVS[:1], 1, PARAMS)
+    monkeypatch.setenv("TEST_KEY", "wrong-key-456")
+    with pytest.raises(BackendError) as info:
+        OpenAIBackend(url, "tiny", api_key_env="TEST_KEY").generate(CONVS[:1], 1, PARAMS)
+    assert "wrong-key-456" not in str(info.value)
+    monkeypatch.setenv("TEST_KEY", "sekret-123")
+    assert len(OpenAIBackend(url, "tiny", api_key_env="TEST_KEY").generate(CONVS[:1], 1, PARAMS)[0]) == 1
+
+
+def test_retries_with_backoff_on_server_errors():
+    calls = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append(1)
+            if len(calls) <= 2:
+                self.send_response(503)
+                self.end_headers()
+                return
+            body = json.dumps({"choices": [{"message": {"content": "Agent 1: UP"}, "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = OpenAIBackend(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", api_key_env="", backoff_s=0.01)
+        out = client.generate(CONVS[:1], 1, SamplingParams(stop=()))
+        assert out[0][0].text == "Agent 1: UP" and len(calls) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_unreachable_endpoint_gives_up_with_a_clear_error():
+    client = OpenAIBackend("http://127.0.0.1:9/v1", "m", api_key_env="", max_retries=2, backoff_s=0.01, timeout_s=2)
+    with pytest.raises(BackendError, match="gave up after 3 attempts"):
+        client.generate(CONVS[:1], 1, PARAMS)
+    with pytest.raises(ValueError, match="http"):
+        OpenAIBackend("ftp://x", "m")
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
