@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from envgen.grid import DELTAS, Move
 from envgen.instance import Instance
 from envgen.render import agent_letter, ascii_grid, render_coords
 
@@ -30,6 +31,8 @@ class PromptStyle:
         answer_tags: ask for the answer inside ``<answer>...</answer>`` (the parser accepts it either way).
         system: put the rules in a system message (else at the top of the user message).
         numbers: print row and column numbers around the grid (about a third of a grid's tokens).
+        trace: ask the model to write, after every move, the cell it reaches, e.g. ``R (0,1) D (1,1)``: a running
+            position a small model can condition its next move on. The parser drops the cells.
     """
 
     view: Literal["grid", "coords"] = "grid"
@@ -38,6 +41,7 @@ class PromptStyle:
     answer_tags: bool = True
     system: bool = True
     numbers: bool = True
+    trace: bool = False
 
     def __post_init__(self) -> None:
         if self.view not in ("grid", "coords"):
@@ -62,10 +66,16 @@ def rules(style: PromptStyle) -> str:
 def answer_format(instance: Instance, style: PromptStyle) -> str:
     """How to answer, with an example line per agent."""
     u, d, l, r, w = style.vocabulary
-    example = "\n".join(f"Agent {a + 1}: {' '.join((r, d, w) if a % 2 == 0 else (w, l, u))}" for a in range(min(instance.num_agents, 2)))
+    if style.trace:
+        example = "\n".join(f"Agent {a + 1}: " + (f"{r} (0,1) {d} (1,1) {w} (1,1)" if a % 2 == 0 else f"{w} (2,2) {l} (2,1) {u} (1,1)")
+                             for a in range(min(instance.num_agents, 2)))
+        what = "one line per agent, each move followed by the cell it reaches"
+    else:
+        example = "\n".join(f"Agent {a + 1}: {' '.join((r, d, w) if a % 2 == 0 else (w, l, u))}" for a in range(min(instance.num_agents, 2)))
+        what = "one line per agent"
     think = "Think inside <think></think>, then give " if style.think else "Give "
     where = " inside <answer></answer>" if style.answer_tags else ""
-    return f"{think}one line per agent{where}, like:\n{example}"
+    return f"{think}{what}{where}, like:\n{example}"
 
 
 def board(instance: Instance, style: PromptStyle) -> str:
@@ -75,6 +85,31 @@ def board(instance: Instance, style: PromptStyle) -> str:
     tasks = "\n".join(f"Agent {a + 1}: {agent_letter(a)} ({s[0]},{s[1]}) to {agent_letter(a).lower()} ({g[0]},{g[1]})"
                       for a, (s, g) in enumerate(zip(instance.starts, instance.goals)))
     return f"{ascii_grid(instance, numbers=style.numbers)}\n{tasks}"
+
+
+def format_answer(instance: Instance, moves: list[list[str]], style: PromptStyle = PromptStyle()) -> str:
+    """A plan written exactly in the answer format the prompt asks for (used for demonstrations).
+
+    >>> from envgen.instance import Instance
+    >>> inst = Instance(("FF", "FF"), ((0, 0),), ((1, 1),))
+    >>> print(format_answer(inst, [["RIGHT", "DOWN"]], PromptStyle(moves="letters", trace=True)))
+    <answer>
+    Agent 1: R (0,1) D (1,1)
+    </answer>
+    """
+    letter = {m: (m.value if style.moves == "words" else m.value[0]) for m in Move}
+    lines = []
+    for a, agent_moves in enumerate(moves):
+        r, c = instance.starts[a]
+        parts = []
+        for word in agent_moves:
+            move = Move(word)
+            dr, dc = DELTAS[move]
+            r, c = r + dr, c + dc
+            parts.append(f"{letter[move]} ({r},{c})" if style.trace else letter[move])
+        lines.append(f"Agent {a + 1}: {' '.join(parts)}".rstrip())
+    body = "\n".join(lines)
+    return f"<answer>\n{body}\n</answer>" if style.answer_tags else body
 
 
 def build_messages(instance: Instance, style: PromptStyle = PromptStyle()) -> list[dict[str, str]]:

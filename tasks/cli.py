@@ -11,7 +11,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from policy import serve
-    from tasks import generate_instances, mapf_tools, rollout, tools, validate
+    from tasks import generate_instances, mapf_tools, rollout, tools, train, validate
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -29,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
         generate_instances.add_arguments, generate_instances.run)
     add("rollout", "Answer every instance G times with a model (+ adapter); score and write trajectories Parquet.",
         rollout.add_arguments, rollout.run)
+    add("train", "Warm-start on solver demonstrations, then GRPO with the MAPF reward, on a LoRA adapter.",
+        train.add_arguments, train.run)
     add("validate", "Check a Parquet dataset against its great-expectations suite (exit 1 on failure).",
         validate.add_arguments, validate.run)
     add("serve", "Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve.add_arguments, serve.run)

@@ -1,0 +1,331 @@
+"""Pipeline step ``train``: an optional supervised warm start on solver demonstrations (TRL ``SFTTrainer``), then GRPO
+(TRL ``GRPOTrainer``, configured, not subclassed) with the MAPF reward, on a LoRA adapter (PEFT) that starts from the
+previous stage's adapter or fresh.
+
+Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
+the next stage reads it), every GRPO completion with its reward and failure category (Parquet), and metrics (JSON:
+reward and validity per step and per map size, warm-start losses, wall time).
+
+Settings: :class:`TrainConfig`, the ``train:`` section of ``params.yaml``. Imports no Prefect, DVC or polars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from envgen.config import format_validation_error
+from envgen.dataset import read_instances
+from envgen.files import atomic_write_bytes, atomic_write_text
+from envgen.instance import Instance
+from envgen.prompt import PromptStyle, build_messages, format_answer
+from envgen.reward import RewardConfig, completion_text, instance_from_text, score_completion
+
+
+class TrainConfig(BaseModel):
+    """Settings of the train step (``params.yaml``, section ``train``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: str = Field("embedded", description="Base model: 'embedded', a local folder, or a cached Hugging Face id.")
+    prompt: PromptStyle = Field(default_factory=lambda: PromptStyle(moves="letters", trace=True),
+                                description="How instances are shown (envgen.prompt.PromptStyle); rollout and evaluation must use the same.")
+    reward: RewardConfig = Field(default_factory=lambda: RewardConfig(progress=0.2),
+                                 description="Reward values (envgen.reward.RewardConfig).")
+    lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
+    sft: bool = Field(True, description="Run the supervised warm start on solver demonstrations before GRPO.")
+    sft_epochs: float = Field(1.0, gt=0, description="Warm-start epochs over the stage's instances.")
+    sft_learning_rate: float = Field(1e-3, gt=0, description="Warm-start learning rate.")
+    sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
+    sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
+    grpo: bool = Field(True, description="Run GRPO after the warm start.")
+    trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
+    num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts per GRPO step (a step sees prompts_per_step * G completions).")
+    learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
+    beta: float = Field(0.0, ge=0, description="KL penalty toward the starting policy (0: none, no reference model kept).")
+    max_completion_length: int = Field(160, ge=8, description="GRPO completion length cap in tokens.")
+    temperature: float = Field(1.0, gt=0, description="GRPO sampling temperature.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    seed: int = Field(0, ge=0, description="Seed of data order, LoRA initialisation and sampling.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
+    use_vllm: Literal["auto", "yes", "no"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' uses it on CUDA when vllm is installed.")
+    gradient_checkpointing: Literal["auto", "yes", "no"] = Field("auto", description="'auto': on for CUDA, off on CPU.")
+
+    @classmethod
+    def from_params(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
+        data: dict[str, Any] = {}
+        if path is not None:
+            params = yaml.safe_load(Path(path).read_text()) or {}
+            data = dict(params.get("train") or {})
+        data.update(overrides or {})
+        for key, kind in (("prompt", PromptStyle), ("reward", RewardConfig)):
+            if isinstance(data.get(key), dict):
+                try:
+                    data[key] = kind(**data[key])
+                except (TypeError, ValueError) as e:
+                    raise ValueError(f"{path or '<train>'}: train.{key}: {e}") from None
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ValueError(format_validation_error(e, f"{path or '<train>'} (section train)")) from None
+
+
+COMPLETION_COLUMNS: list[tuple[str, pa.DataType]] = [
+    ("step", pa.int32()), ("instance_id", pa.string()), ("size", pa.int16()), ("num_agents", pa.int16()),
+    ("needs_wait", pa.bool_()), ("completion", pa.string()), ("reward", pa.float32()), ("parsed", pa.bool_()),
+    ("parse_error", pa.string()), ("valid", pa.bool_()), ("optimal", pa.bool_()), ("failure_category", pa.string()),
+    ("soc", pa.int32()), ("optimal_soc", pa.int32()),
+]
+
+
+class RecordingReward:
+    """The MAPF reward for GRPO that also keeps every scored completion (with the trainer's step)."""
+
+    __name__ = "mapf_reward"
+
+    def __init__(self, config: RewardConfig) -> None:
+        self.config = config
+        self.rows: list[dict[str, Any]] = []
+
+    def __call__(self, prompts=None, completions=None, instance=None, optimal_soc=None, instance_id=None, size=None,
+                 needs_wait=None, trainer_state=None, log_metric=None, **_: Any) -> list[float]:
+        step = int(getattr(trainer_state, "global_step", 0) or 0)
+        rewards = []
+        for k, completion in enumerate(completions):
+            text = completion_text(completion)
+            inst = instance_from_text(instance[k])
+            s = score_completion(inst, text, optimal_soc[k], self.config)
+            rewards.append(s.reward)
+            self.rows.append({"step": step, "instance_id": instance_id[k], "size": size[k], "num_agents": inst.num_agents,
+                              "needs_wait": needs_wait[k], "completion": text, "reward": s.reward, "parsed": s.parsed,
+                              "parse_error": s.parse_error, "valid": s.valid, "optimal": s.optimal,
+                              "failure_category": s.failure, "soc": s.soc, "optimal_soc": optimal_soc[k]})
+        if log_metric is not None and completions:
+            batch = self.rows[-len(completions):]
+            log_metric("mapf/valid_rate", sum(r["valid"] for r in batch) / len(batch))
+            log_metric("mapf/parsed_rate", sum(r["parsed"] for r in batch) / len(batch))
+        return rewards
+
+
+def _device(config: TrainConfig) -> str:
+    import torch
+
+    if config.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return config.device
+
+
+def load_policy(config: TrainConfig, init_adapter: str | Path | None):
+    """Base model with a trainable LoRA adapter (the previous stage's, or a fresh one) and its tokenizer."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from policy.models import load_tokenizer, resolve_model
+
+    device = _device(config)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(resolve_model(config.model), dtype=dtype)
+    if init_adapter is not None:
+        model = PeftModel.from_pretrained(model, str(init_adapter), is_trainable=True)
+    else:
+        targets = config.lora_targets if isinstance(config.lora_targets, str) else list(config.lora_targets)
+        model = get_peft_model(model, LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                                                 target_modules=targets, task_type="CAUSAL_LM"))
+    return model, load_tokenizer(config.model)
+
+
+def demonstrations(rows: list[dict[str, Any]], style: PromptStyle) -> list[dict[str, Any]]:
+    """Prompt-completion pairs: each instance's solver-optimal plan written in the exact answer format."""
+    out = []
+    for row in rows:
+        inst = Instance.from_str(row["instance"])
+        moves = [line.split() for line in row["optimal_plan"]]
+        out.append({"prompt": build_messages(inst, style),
+                    "completion": [{"role": "assistant", "content": format_answer(inst, moves, style)}]})
+    return out
+
+
+def _common_args(config: TrainConfig, device: str, work: Path) -> dict[str, Any]:
+    cuda = device == "cuda"
+    checkpointing = config.gradient_checkpointing == "yes" or (config.gradient_checkpointing == "auto" and cuda)
+    return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
+            "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
+            "dataloader_num_workers": 0}
+
+
+def warm_start(model, tok, rows, config: TrainConfig, work: Path) -> dict[str, Any]:
+    """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    demos = demonstrations(rows[: config.sft_max_examples], config.prompt)
+    args = SFTConfig(**_common_args(config, _device(config), work / "sft"), num_train_epochs=config.sft_epochs,
+                     per_device_train_batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate,
+                     lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok)
+    start = time.perf_counter()
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": time.perf_counter() - start,
+            "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
+            "sft/loss_history": losses}
+
+
+def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """GRPO on the stage's instances within the trajectory budget."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    device = _device(config)
+    data = [{"prompt": build_messages(Instance.from_str(r["instance"]), config.prompt), "instance": r["instance"],
+             "optimal_soc": r["optimal_soc"], "instance_id": r["instance_id"], "size": r["size"],
+             "needs_wait": r["needs_wait"]} for r in rows]
+    per_step = config.prompts_per_step * config.num_generations
+    steps = max(1, math.ceil(config.trajectories / per_step))
+    use_vllm = config.use_vllm == "yes" or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
+    extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}
+    args = GRPOConfig(**_common_args(config, device, work / "grpo"), per_device_train_batch_size=per_step,
+                      num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
+                      beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
+                      remove_unused_columns=False, lr_scheduler_type="constant", **extra)
+    reward = RecordingReward(config.reward)
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
+                          processing_class=tok)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    return summarize_grpo(reward.rows, steps, seconds, use_vllm), reward.rows
+
+
+def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_vllm: bool) -> dict[str, Any]:
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    by_size: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_step[r["step"]].append(r)
+        by_size[r["size"]].append(r)
+
+    def stats(rs: list[dict]) -> dict[str, float]:
+        n = max(1, len(rs))
+        return {"reward": sum(r["reward"] for r in rs) / n, "valid": sum(r["valid"] for r in rs) / n,
+                "optimal": sum(r["optimal"] for r in rs) / n, "parsed": sum(r["parsed"] for r in rs) / n, "count": len(rs)}
+
+    history = [{"step": s, **stats(rs)} for s, rs in sorted(by_step.items())]
+    quarter = max(1, len(history) // 4)
+    first = [r for h in history[:quarter] for r in by_step[h["step"]]]
+    last = [r for h in history[-quarter:] for r in by_step[h["step"]]]
+    overall = stats(rows)
+    return {"train/steps": steps, "train/trajectories": len(rows), "train/seconds": seconds, "train/use_vllm": use_vllm,
+            "train/reward_mean": overall["reward"], "train/valid_rate": overall["valid"], "train/optimal_rate": overall["optimal"],
+            "train/reward_first_quarter": stats(first)["reward"], "train/reward_last_quarter": stats(last)["reward"],
+            "train/valid_first_quarter": stats(first)["valid"], "train/valid_last_quarter": stats(last)["valid"],
+            "train/per_size": {str(k): stats(v) for k, v in sorted(by_size.items())}, "train/history": history}
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def replace_dir(src: Path, dst: Path) -> None:
+    """Move the finished folder ``src`` to ``dst``: a reader sees the old adapter or the new one, never a mix."""
+    old = None
+    if dst.exists():
+        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+        os.replace(dst, old)
+    os.replace(src, dst)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def train(instances: str | Path, out_adapter: str | Path, out_completions: str | Path, out_metrics: str | Path,
+          config: TrainConfig = TrainConfig(), init_adapter: str | Path | None = None) -> dict[str, Any]:
+    """Run the step; returns the metrics (also written to ``out_metrics``)."""
+    import torch
+    from transformers import set_seed
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    set_seed(config.seed)
+    out_adapter = Path(out_adapter)
+    out_adapter.parent.mkdir(parents=True, exist_ok=True)
+    rows = read_instances(instances).to_pylist()
+    work = Path(tempfile.mkdtemp(dir=out_adapter.parent, prefix=f".{out_adapter.name}.work-"))
+    start = time.perf_counter()
+    try:
+        model, tok = load_policy(config, init_adapter)
+        metrics: dict[str, Any] = {"model": config.model, "init_adapter": str(init_adapter) if init_adapter else None,
+                                   "device": _device(config), "instances": len(rows)}
+        if config.sft:
+            metrics.update(warm_start(model, tok, rows, config, work))
+        completions: list[dict[str, Any]] = []
+        if config.grpo:
+            grpo_metrics, completions = grpo(model, tok, rows, config, work)
+            metrics.update(grpo_metrics)
+        staged = work / "adapter"
+        model.save_pretrained(staged)
+        tok.save_pretrained(staged)
+        (staged / "train_config.json").write_text(config.model_dump_json(indent=2))
+        metrics["seconds"] = time.perf_counter() - start
+        table = pa.Table.from_pylist(completions, schema=pa.schema(COMPLETION_COLUMNS))
+        buf = io.BytesIO()
+        pq.write_table(table, buf, compression="zstd")
+        atomic_write_bytes(out_completions, buf.getvalue())
+        atomic_write_text(out_metrics, json.dumps(metrics, indent=2, default=str))
+        replace_dir(staged, out_adapter)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instances", required=True, type=Path, help="the stage's instances Parquet")
+    parser.add_argument("--out-adapter", required=True, type=Path, help="LoRA adapter folder to write (replaced atomically)")
+    parser.add_argument("--out-completions", required=True, type=Path, help="Parquet of every GRPO completion with its reward")
+    parser.add_argument("--out-metrics", required=True, type=Path, help="metrics JSON")
+    parser.add_argument("--init-adapter", type=Path, default=None, help="previous stage's adapter to continue from")
+    parser.add_argument("--params", type=Path, default=None, help="params.yaml; its 'train' section is the TrainConfig")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a train setting (YAML value), e.g. --set trajectories=64 --set sft=false")
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy.models import ModelNotFoundError
+
+    try:
+        overrides = {}
+        for item in args.set:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise ValueError(f"--set {item!r}: use KEY=VALUE")
+            overrides[key.strip()] = yaml.safe_load(value)
+        config = TrainConfig.from_params(args.params, overrides)
+        if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
+            raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
+        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, config, args.init_adapter)
+    except (ValueError, ModelNotFoundError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    keys = ("sft/loss_first", "sft/loss_last", "train/reward_first_quarter", "train/reward_last_quarter", "train/valid_rate", "seconds")
+    print("trained: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if isinstance(metrics.get(k), (int, float))))
+    return 0
