@@ -194,6 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--view", default="grid", choices=["grid", "coords"], help="map view in the prompt")
     parser.add_argument("--moves", default="words", choices=["words", "letters"], help="move vocabulary in the prompt")
     parser.add_argument("--think", action="store_true", help="ask for reasoning in <think></think> first")
+    parser.add_argument("--trace", action="store_true", help="ask for the cell reached after every move (as train's default)")
     parser.add_argument("--base-url", default=None, help="openai backend: endpoint, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--api-key-env", default=d.api_key_env, help="openai backend: variable holding the API key")
     parser.add_argument("--no-validate", action="store_true", help="skip the great-expectations check of the output")
@@ -208,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         config = RolloutConfig(model=args.model, adapter=args.adapter, backend=args.backend, samples=args.samples,
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                                seed=args.seed, batch_size=args.batch_size, threads=args.threads, limit=args.limit,
-                               stage=args.stage, prompt=PromptStyle(view=args.view, moves=args.moves, think=args.think),
+                               stage=args.stage, prompt=PromptStyle(view=args.view, moves=args.moves, think=args.think, trace=args.trace),
                                base_url=args.base_url, api_key_env=args.api_key_env)
         summary = rollout(args.instances, args.out, config, progress=not args.no_progress)
     except (ValueError, ModelNotFoundError, BackendError, FileNotFoundError) as e:

@@ -60,6 +60,8 @@ class TrainConfig(BaseModel):
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
     prompts_per_step: int = Field(4, ge=1, description="Prompts per GRPO step (a step sees prompts_per_step * G completions).")
+    micro_batch_size: int = Field(32, ge=1, description="Completions per forward/backward pass; a GRPO step accumulates "
+                                  "gradients over prompts_per_step * G / micro_batch_size passes (memory, not maths).")
     learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
     beta: float = Field(0.0, ge=0, description="KL penalty toward the starting policy (0: none, no reference model kept).")
     max_completion_length: int = Field(160, ge=8, description="GRPO completion length cap in tokens.")
@@ -67,8 +69,8 @@ class TrainConfig(BaseModel):
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
     seed: int = Field(0, ge=0, description="Seed of data order, LoRA initialisation and sampling.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train.")
-    use_vllm: Literal["auto", "yes", "no"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' uses it on CUDA when vllm is installed.")
-    gradient_checkpointing: Literal["auto", "yes", "no"] = Field("auto", description="'auto': on for CUDA, off on CPU.")
+    use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' uses it on CUDA when vllm is installed.")
+    gradient_checkpointing: bool | Literal["auto"] = Field("auto", description="'auto': on for CUDA, off on CPU.")
 
     @classmethod
     def from_params(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -167,7 +169,7 @@ def demonstrations(rows: list[dict[str, Any]], style: PromptStyle) -> list[dict[
 
 def _common_args(config: TrainConfig, device: str, work: Path) -> dict[str, Any]:
     cuda = device == "cuda"
-    checkpointing = config.gradient_checkpointing == "yes" or (config.gradient_checkpointing == "auto" and cuda)
+    checkpointing = config.gradient_checkpointing is True or (config.gradient_checkpointing == "auto" and cuda)
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
             "dataloader_num_workers": 0}
@@ -202,9 +204,11 @@ def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, A
              "needs_wait": r["needs_wait"]} for r in rows]
     per_step = config.prompts_per_step * config.num_generations
     steps = max(1, math.ceil(config.trajectories / per_step))
-    use_vllm = config.use_vllm == "yes" or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
+    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
     extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}
-    args = GRPOConfig(**_common_args(config, device, work / "grpo"), per_device_train_batch_size=per_step,
+    micro = math.gcd(per_step, config.micro_batch_size)
+    args = GRPOConfig(**_common_args(config, device, work / "grpo"), per_device_train_batch_size=micro,
+                      gradient_accumulation_steps=per_step // micro,
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)

@@ -1,0 +1,93 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from envgen.config import EnvConfig, SizeConfig
+from envgen.dataset import write_instances
+from envgen.generator import generate
+from envgen.parse import ParsedPlan, parse_answer
+from envgen.prompt import PromptStyle
+from tasks import train as train_mod
+from tasks.train import TrainConfig, demonstrations, replace_dir, train
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    cfg = EnvConfig(budget=8, seed=4, sizes={3: SizeConfig(data_ratio=1)})
+    path = tmp_path_factory.mktemp("stage") / "instances.parquet"
+    write_instances(path, generate(cfg), cfg)
+    return path
+
+
+def tiny(model_dir, **over) -> TrainConfig:
+    base = dict(model=str(model_dir), trajectories=8, num_generations=4, prompts_per_step=2, micro_batch_size=4,
+                max_completion_length=12, sft_batch_size=4, threads=1, lora_r=4, lora_alpha=8)
+    return TrainConfig(**{**base, **over})
+
+
+def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
+    rows = pq.read_table(stage).to_pylist()
+    for style in (PromptStyle(moves="letters", trace=True), PromptStyle()):
+        demos = demonstrations(rows, style)
+        for row, demo in zip(rows, demos):
+            parsed = parse_answer(demo["completion"][0]["content"], row["num_agents"])
+            assert isinstance(parsed, ParsedPlan)
+            assert [" ".join(m) for m in parsed.words()] == row["optimal_plan"]
+            assert demo["prompt"][-1]["role"] == "user"
+
+
+def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path):
+    out = tmp_path / "stage1"
+    metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", tiny(tiny_model_dir))
+    assert (out / "adapter" / "adapter_config.json").exists() and (out / "adapter" / "train_config.json").exists()
+    rows = pq.read_table(out / "completions.parquet").to_pylist()
+    assert len(rows) == metrics["train/trajectories"] == 8 and {r["step"] for r in rows} <= {0, 1}
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["sft/examples"] == 8 and saved["sft/loss_first"] > 0 and saved["train/steps"] == 1
+    assert set(saved["train/per_size"]) == {"3"}
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "metrics.json"]  # no work dirs left
+    second = tmp_path / "stage2"
+    more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", tiny(tiny_model_dir, sft=False),
+                 init_adapter=out / "adapter")
+    assert more["init_adapter"] == str(out / "adapter") and "sft/examples" not in more
+
+
+def test_a_crash_mid_step_leaves_the_previous_adapter_whole(tiny_model_dir, stage, tmp_path, monkeypatch):
+    out = tmp_path / "adapter"
+    out.mkdir()
+    (out / "adapter_config.json").write_text('{"previous": true}')
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed mid-GRPO")
+
+    monkeypatch.setattr(train_mod, "grpo", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        train(stage, out, tmp_path / "c.parquet", tmp_path / "m.json", tiny(tiny_model_dir, sft=False))
+    assert (out / "adapter_config.json").read_text() == '{"previous": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+
+
+def test_replace_dir_swaps_whole_folders(tmp_path):
+    new, dst = tmp_path / "new", tmp_path / "dst"
+    new.mkdir()
+    dst.mkdir()
+    (new / "a").write_text("new")
+    (dst / "a").write_text("old")
+    replace_dir(new, dst)
+    assert (dst / "a").read_text() == "new" and not new.exists() and [p.name for p in tmp_path.iterdir()] == ["dst"]
+
+
+def test_config_from_params_and_errors(tmp_path):
+    params = tmp_path / "params.yaml"
+    params.write_text("train:\n  trajectories: 64\n  prompt: {moves: words, trace: false}\n  reward: {progress: 0.0}\n"
+                      "  gradient_checkpointing: no\n")
+    cfg = TrainConfig.from_params(params, {"seed": 3})
+    assert (cfg.trajectories, cfg.seed, cfg.prompt.moves, cfg.reward.progress, cfg.gradient_checkpointing) == (64, 3, "words", 0.0, False)
+    with pytest.raises(ValueError, match="num_generations = 1"):
+        TrainConfig.from_params(params, {"num_generations": 1})
+    with pytest.raises(ValueError, match="train.prompt"):
+        TrainConfig.from_params(None, {"prompt": {"view": "picture"}})
+    with pytest.raises(ValueError, match="unknown field"):
+        TrainConfig.from_params(None, {"learning_rat": 1e-5})
