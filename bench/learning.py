@@ -18,8 +18,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envgen.dataset import read_instances  # noqa: E402
@@ -27,6 +25,7 @@ from envgen.instance import Instance  # noqa: E402
 from envgen.planners import independent_plan  # noqa: E402
 from envgen.simulate import Valid, check_plan  # noqa: E402
 from tasks.rollout import RolloutConfig, rollout  # noqa: E402
+from tasks.tools import parse_overrides  # noqa: E402
 from tasks.train import TrainConfig, train  # noqa: E402
 
 
@@ -89,8 +88,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     evals = dict(item.split("=", 1) for item in args.eval)
     evals = {k: Path(v) for k, v in evals.items()}
-    overrides = {k.strip(): yaml.safe_load(v) for k, _, v in (s.partition("=") for s in args.set)}
-    cfg = TrainConfig.from_params(args.params, overrides)
+    cfg = TrainConfig.from_params(args.params, parse_overrides(args.set))
     report: dict = {"config": json.loads(cfg.model_dump_json()), "planner": {n: planner_rates(p) for n, p in evals.items()}}
     for name, rates in report["planner"].items():
         print(f"[independent planner] {name}: valid {rates['all']['valid']:.3f} optimal {rates['all']['optimal']:.3f}", flush=True)

@@ -37,6 +37,8 @@ class SamplingParams:
         top_p: nucleus sampling mass.
         seed: base seed; batch ``k`` of a run uses ``seed + k``.
         stop: generation stops after any of these strings (kept in the text).
+        json_schema: a JSON schema (as a JSON string) the output must follow: constrained decoding where the backend
+            can (xgrammar for transformers, structured outputs for vLLM, ``response_format`` for OpenAI endpoints).
     """
 
     max_new_tokens: int = 128
@@ -44,6 +46,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int = 0
     stop: tuple[str, ...] = ("</answer>",)
+    json_schema: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -64,6 +67,7 @@ class Generation:
     finish_reason: str
     latency_s: float
     seed: int
+    constrained: bool = False
 
 
 class Backend(Protocol):
@@ -100,6 +104,23 @@ class TransformersBackend:
         self.model_id = self.loaded.model_id
         self.adapter_hash = self.loaded.adapter_hash
         self.batch_size = batch_size
+        self._compiler = None
+        self._grammars: dict[str, Any] = {}
+
+    def _logits_processor(self, schema: str | None):
+        """An xgrammar logits processor for ``schema``, or None (no schema, or xgrammar not installed)."""
+        if schema is None:
+            return None
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            return None
+        if self._compiler is None:
+            vocab = self.loaded.model.get_output_embeddings().weight.shape[0]
+            self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(self.loaded.tokenizer, vocab_size=vocab))
+        if schema not in self._grammars:
+            self._grammars[schema] = self._compiler.compile_json_schema(schema, any_whitespace=False)
+        return xgr.contrib.hf.LogitsProcessor(self._grammars[schema])
 
     def prompt_text(self, conversation: Conversation) -> str:
         return self.loaded.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
@@ -117,12 +138,14 @@ class TransformersBackend:
             seed = params.seed + k
             torch.manual_seed(seed)
             sample = params.temperature > 0
+            grammar = self._logits_processor(params.json_schema)
             t0 = time.perf_counter()
             with torch.inference_mode():
                 ids = model.generate(
                     **enc, max_new_tokens=params.max_new_tokens, do_sample=sample, num_return_sequences=n if sample else 1,
                     temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
                     top_k=None, pad_token_id=tok.pad_token_id, stop_strings=list(params.stop) or None, tokenizer=tok,
+                    logits_processor=[grammar] if grammar is not None else None,
                 )
             latency = time.perf_counter() - t0
             new = ids[:, enc["input_ids"].shape[1]:]
@@ -135,7 +158,7 @@ class TransformersBackend:
                     count = next((t for t, token in enumerate(row) if token in ends), len(row))
                     text, stopped = _cut_at_stop(tok.decode(row[:count], skip_special_tokens=True), params.stop)
                     reason = "stop" if stopped or count < params.max_new_tokens else "length"
-                    gens.append(Generation(text, int(prompt_lens[i]), count, reason, latency, seed))
+                    gens.append(Generation(text, int(prompt_lens[i]), count, reason, latency, seed, grammar is not None))
                 out.append(gens)
             if on_progress is not None:
                 on_progress(len(chunk))
@@ -167,8 +190,13 @@ class VLLMBackend:
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
         vllm = self._vllm
+        structured = {}
+        if params.json_schema is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            structured = {"structured_outputs": StructuredOutputsParams(json=json.loads(params.json_schema))}
         sp = vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                                 seed=params.seed, stop=list(params.stop), include_stop_str_in_output=True)
+                                 seed=params.seed, stop=list(params.stop), include_stop_str_in_output=True, **structured)
         lora = None
         if self.adapter is not None:
             from vllm.lora.request import LoRARequest
@@ -179,8 +207,8 @@ class VLLMBackend:
         latency = time.perf_counter() - t0
         out = []
         for r in results:
-            out.append([Generation(o.text, len(r.prompt_token_ids), len(o.token_ids), o.finish_reason or "stop", latency, params.seed)
-                        for o in r.outputs])
+            out.append([Generation(o.text, len(r.prompt_token_ids), len(o.token_ids), o.finish_reason or "stop", latency, params.seed,
+                                   bool(structured)) for o in r.outputs])
         if on_progress is not None:
             on_progress(len(conversations))
         return out
@@ -247,6 +275,9 @@ class OpenAIBackend:
                         "seed": params.seed + len(gens), **self.extra_body}
                 if params.stop:
                     body["stop"] = list(params.stop)
+                if params.json_schema is not None:
+                    body["response_format"] = {"type": "json_schema", "json_schema": {
+                        "name": "proposal", "schema": json.loads(params.json_schema), "strict": True}}
                 t0 = time.perf_counter()
                 reply = self._post(body)
                 latency = time.perf_counter() - t0
@@ -261,7 +292,8 @@ class OpenAIBackend:
                         text += params.stop[0]  # OpenAI strips the stop string; put the closing tag back
                     gens.append(Generation(text, int(usage.get("prompt_tokens", 0)),
                                            int(usage.get("completion_tokens", 0)) // max(1, len(choices)),
-                                           choice.get("finish_reason") or "stop", latency, params.seed))
+                                           choice.get("finish_reason") or "stop", latency, params.seed,
+                                           params.json_schema is not None))
             out.append(gens)
             if on_progress is not None:
                 on_progress(1)

@@ -1,7 +1,8 @@
 """``env-engineer serve``: an OpenAI-compatible HTTP server for a model (+ LoRA adapter).
 
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``, ``max_tokens``,
-``temperature``, ``top_p``, ``seed``, ``stop``). Requests are served one at a time (the model is not thread-safe);
+``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured by constrained
+decoding when xgrammar is installed). Requests are served one at a time (the model is not thread-safe);
 malformed requests get a 400 with an OpenAI-style error body. With ``--api-key-env NAME`` requests must carry
 ``Authorization: Bearer $NAME``. Standard library only, so it runs on the GPU image too.
 """
@@ -37,10 +38,20 @@ def parse_request(body: dict[str, Any]) -> tuple[list[dict[str, str]], int, Samp
     stop = body.get("stop") or ()
     if isinstance(stop, str):
         stop = (stop,)
+    schema = None
+    fmt = body.get("response_format")
+    if fmt is not None:
+        if not isinstance(fmt, dict) or fmt.get("type") not in ("json_schema", "text"):
+            raise RequestError("'response_format' must be {'type': 'json_schema', 'json_schema': {'schema': {...}}} or text")
+        if fmt["type"] == "json_schema":
+            inner = fmt.get("json_schema")
+            if not isinstance(inner, dict) or not isinstance(inner.get("schema"), dict):
+                raise RequestError("'response_format.json_schema.schema' must be a JSON schema object")
+            schema = json.dumps(inner["schema"])
     try:
         params = SamplingParams(max_new_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 256),
                                 temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                                seed=int(body.get("seed") or 0), stop=tuple(str(s) for s in stop))
+                                seed=int(body.get("seed") or 0), stop=tuple(str(s) for s in stop), json_schema=schema)
     except (TypeError, ValueError) as e:
         raise RequestError(str(e)) from None
     return messages, n, params

@@ -11,7 +11,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from policy import serve
-    from tasks import generate_instances, mapf_tools, rollout, tools, train, validate
+    from tasks import engineer, generate_instances, mapf_tools, rollout, summarize, tools, train, validate
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         rollout.add_arguments, rollout.run)
     add("train", "Warm-start on solver demonstrations, then GRPO with the MAPF reward, on a LoRA adapter.",
         train.add_arguments, train.run)
+    add("summarize-failures", "Summarise a stage: validation failures, environment statistics, training bookkeeping, history.",
+        summarize.add_arguments, summarize.run)
+    add("engineer-config", "Let an engineer (policy, base, api, heuristic, random, fixed) write the next configuration.",
+        engineer.add_arguments, engineer.run)
     add("validate", "Check a Parquet dataset against its great-expectations suite (exit 1 on failure).",
         validate.add_arguments, validate.run)
     add("serve", "Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve.add_arguments, serve.run)

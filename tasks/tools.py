@@ -104,6 +104,19 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="environment configuration YAML")
 
 
+def parse_overrides(items: list[str]) -> dict:
+    """``--set KEY=VALUE`` items as a mapping; values are read as YAML (``64``, ``false``, ``[a, b]``)."""
+    import yaml
+
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {item!r}: use KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
 def load_config_or_report(path: Path) -> EnvConfig | None:
     """The configuration, or None after printing its problems to stderr (the caller exits with status 2)."""
     try:

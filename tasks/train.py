@@ -315,14 +315,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from policy.models import ModelNotFoundError
+    from tasks.tools import parse_overrides
 
     try:
-        overrides = {}
-        for item in args.set:
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise ValueError(f"--set {item!r}: use KEY=VALUE")
-            overrides[key.strip()] = yaml.safe_load(value)
+        overrides = parse_overrides(args.set)
         config = TrainConfig.from_params(args.params, overrides)
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")

@@ -120,3 +120,21 @@ def test_unreachable_endpoint_gives_up_with_a_clear_error():
     with pytest.raises(ValueError, match="http"):
         OpenAIBackend("ftp://x", "m")
     assert os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def test_api_engineer_gets_schema_valid_json_from_the_server(served):
+    from envgen.config import EnvConfig, SizeConfig
+    from tasks.engineer import EngineerSettings, engineer_config
+    from tasks.engineers import make_engineer
+
+    url = served()
+    current = EnvConfig(budget=10, sizes={3: SizeConfig(data_ratio=1.0)})
+    settings = EngineerSettings(engineer="api", base_url=url, api_model="tiny", api_key_env="", attempts=1,
+                                max_new_tokens=300, context="failures")
+    summary = {"stage": 0, "config": {}, "validation": {"overall": {"n": 0, "parsed": 0, "valid": 0, "optimal": 0},
+               "by_size": {}, "by_agents": {}, "by_wait": {}}, "examples": [], "environment": {}, "training": None, "history": []}
+    result = engineer_config(summary, current, settings, 0)
+    raw = result.log["attempts"][0]["raw_output"]
+    assert set(json.loads(raw)["sizes"]) == {"3"} and result.log["constrained"]
+    with pytest.raises(ValueError, match="base_url"):
+        make_engineer("api", EngineerSettings(engineer="api"))
