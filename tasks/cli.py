@@ -11,7 +11,7 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from policy import serve
-    from tasks import engineer, generate_instances, mapf_tools, rollout, summarize, tools, train, validate
+    from tasks import curriculum, engineer, generate_instances, mapf_tools, rollout, summarize, tools, train, validate
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_args(p)
         p.set_defaults(run=run)
 
+    add("init-curriculum", "Write the state before stage 0: round-0 configuration, fresh LoRA adapter, empty summary.",
+        curriculum.add_init_arguments, curriculum.run_init)
     add("generate-instances", "Generate a stage's solved instances from an environment configuration into Parquet.",
         generate_instances.add_arguments, generate_instances.run)
     add("rollout", "Answer every instance G times with a model (+ adapter); score and write trajectories Parquet.",
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         summarize.add_arguments, summarize.run)
     add("engineer-config", "Let an engineer (policy, base, api, heuristic, random, fixed) write the next configuration.",
         engineer.add_arguments, engineer.run)
+    add("diff-configs", "Show what changed between two environment configurations (e.g. two stages of one revision).",
+        curriculum.add_diff_arguments, curriculum.run_diff)
     add("validate", "Check a Parquet dataset against its great-expectations suite (exit 1 on failure).",
         validate.add_arguments, validate.run)
     add("serve", "Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve.add_arguments, serve.run)

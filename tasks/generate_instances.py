@@ -74,6 +74,8 @@ def read_exclusions(paths: list[Path]) -> frozenset[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, type=Path, help="environment configuration YAML (see `env-engineer config-schema`)")
+    parser.add_argument("--section", default=None, help="read the configuration from this top-level section of the YAML "
+                        "(e.g. --config params.yaml --section validation)")
     parser.add_argument("--out", required=True, type=Path, help="instances Parquet to write (atomically)")
     parser.add_argument("--exclude", type=Path, action="append", default=[], metavar="PARQUET",
                         help="instances file whose content hashes must not be generated (repeatable), e.g. the benchmark")
@@ -83,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = load_config_or_report(args.config)
+    config = load_config_or_report(args.config, args.section)
     if config is None:
         return 2
     if args.max_attempts < 1:

@@ -175,42 +175,90 @@ def write_trajectories(path: str | Path, rows: list[dict], config: RolloutConfig
     atomic_write_bytes(path, buf.getvalue())
 
 
+def config_from_params(path: str | Path | None) -> RolloutConfig:
+    """The ``rollout`` section of ``params.yaml``, with the model, prompt style and reward of its ``train`` section
+    (the policy is evaluated exactly as it is trained)."""
+    if path is None:
+        return RolloutConfig()
+    import yaml
+
+    from tasks.train import TrainConfig
+
+    params = yaml.safe_load(Path(path).read_text()) or {}
+    section = dict(params.get("rollout") or {})
+    train = TrainConfig.from_params(path)
+    allowed = set(RolloutConfig.__dataclass_fields__) - {"prompt", "reward", "model", "adapter", "stage", "limit"}
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ValueError(f"{path}: rollout: unknown setting(s) {unknown}; allowed {sorted(allowed)}")
+    return RolloutConfig(model=train.model, prompt=train.prompt, reward=train.reward, **section)
+
+
+def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
+    """Validation metrics of a trajectories file (DVC metrics): overall and per size, namespaced."""
+    table = pq.read_table(trajectories).to_pylist()
+    def rates(rows: list[dict]) -> dict:
+        n = max(1, len(rows))
+        return {"valid": sum(r["valid"] for r in rows) / n, "optimal": sum(r["optimal"] for r in rows) / n,
+                "parsed": sum(r["parsed"] for r in rows) / n, "reward": sum(r["reward"] for r in rows) / n, "n": len(rows)}
+    metrics = {"validation": rates(table), "validation_by_size": {
+        str(size): rates([r for r in table if r["size"] == size]) for size in sorted({r["size"] for r in table})}}
+    from envgen.files import atomic_write_text
+
+    atomic_write_text(metrics_path, json.dumps(metrics, indent=2))
+    return metrics
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    d = RolloutConfig()
     parser.add_argument("--instances", required=True, type=Path, help="instances Parquet (generate-instances)")
     parser.add_argument("--out", required=True, type=Path, help="trajectories Parquet to write (atomically)")
-    parser.add_argument("--model", default=d.model, help="'embedded' (default), a local folder, or a cached Hugging Face id")
+    parser.add_argument("--params", type=Path, default=None,
+                        help="params.yaml: its 'rollout' section, and the model/prompt/reward of its 'train' section; "
+                        "flags below override it")
+    parser.add_argument("--out-metrics", type=Path, default=None, help="also write validation metrics JSON here")
+    parser.add_argument("--model", default=None, help="'embedded' (default), a local folder, or a cached Hugging Face id")
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) to apply")
-    parser.add_argument("--backend", default=d.backend, choices=sorted(BACKENDS), help="generation backend (default %(default)s)")
-    parser.add_argument("--samples", type=int, default=d.samples, help="answers per instance, G (default %(default)s)")
-    parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens, help="default %(default)s")
-    parser.add_argument("--temperature", type=float, default=d.temperature, help="0 = greedy (default %(default)s)")
-    parser.add_argument("--top-p", type=float, default=d.top_p, help="default %(default)s")
-    parser.add_argument("--seed", type=int, default=d.seed, help="sampling seed (default %(default)s)")
-    parser.add_argument("--batch-size", type=int, default=d.batch_size, help="instances per generate call (default %(default)s)")
+    parser.add_argument("--backend", default=None, choices=sorted(BACKENDS), help="generation backend (default transformers)")
+    parser.add_argument("--samples", type=int, default=None, help="answers per instance, G (default 1)")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 96")
+    parser.add_argument("--temperature", type=float, default=None, help="0 = greedy (default 1.0)")
+    parser.add_argument("--top-p", type=float, default=None, help="default 1.0")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default 0)")
+    parser.add_argument("--batch-size", type=int, default=None, help="instances per generate call (default 8)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N instances")
-    parser.add_argument("--stage", type=int, default=0, help="curriculum stage recorded with each row")
-    parser.add_argument("--view", default="grid", choices=["grid", "coords"], help="map view in the prompt")
-    parser.add_argument("--moves", default="words", choices=["words", "letters"], help="move vocabulary in the prompt")
+    parser.add_argument("--stage", type=int, default=None, help="curriculum stage recorded with each row")
+    parser.add_argument("--view", default=None, choices=["grid", "coords"], help="map view in the prompt (default grid)")
+    parser.add_argument("--moves", default=None, choices=["words", "letters"], help="move vocabulary (default words)")
     parser.add_argument("--think", action="store_true", help="ask for reasoning in <think></think> first")
     parser.add_argument("--trace", action="store_true", help="ask for the cell reached after every move (as train's default)")
     parser.add_argument("--base-url", default=None, help="openai backend: endpoint, e.g. http://127.0.0.1:8000/v1")
-    parser.add_argument("--api-key-env", default=d.api_key_env, help="openai backend: variable holding the API key")
+    parser.add_argument("--api-key-env", default=None, help="openai backend: variable holding the API key")
     parser.add_argument("--no-validate", action="store_true", help="skip the great-expectations check of the output")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from policy.backends import BackendError
     from policy.models import ModelNotFoundError
 
     try:
-        config = RolloutConfig(model=args.model, adapter=args.adapter, backend=args.backend, samples=args.samples,
-                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                               seed=args.seed, batch_size=args.batch_size, threads=args.threads, limit=args.limit,
-                               stage=args.stage, prompt=PromptStyle(view=args.view, moves=args.moves, think=args.think, trace=args.trace),
-                               base_url=args.base_url, api_key_env=args.api_key_env)
+        config = config_from_params(args.params)
+        flags = {"model": args.model, "adapter": args.adapter, "backend": args.backend, "samples": args.samples,
+                 "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
+                 "seed": args.seed, "batch_size": args.batch_size, "threads": args.threads, "limit": args.limit,
+                 "stage": args.stage, "base_url": args.base_url, "api_key_env": args.api_key_env}
+        config = replace(config, **{k: v for k, v in flags.items() if v is not None})
+        style = {"view": args.view, "moves": args.moves}
+        style = {k: v for k, v in style.items() if v is not None}
+        if args.think:
+            style["think"] = True
+        if args.trace:
+            style["trace"] = True
+        if style:
+            config = replace(config, prompt=replace(config.prompt, **style))
         summary = rollout(args.instances, args.out, config, progress=not args.no_progress)
     except (ValueError, ModelNotFoundError, BackendError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
@@ -228,4 +276,6 @@ def run(args: argparse.Namespace) -> int:
         except DataValidationError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
+    if args.out_metrics:
+        write_metrics(args.out_metrics, args.out)
     return 0

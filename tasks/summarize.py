@@ -15,7 +15,8 @@ held-out instances), optionally the GRPO completions and metrics of ``train``, a
 - ``environment``: per size ``{instances, hole_ratio, needs_wait_share, mean_optimal_soc, mean_soc_gap}``;
 - ``training``: ``{trajectories, budget, reward_first_quarter, reward_last_quarter, valid_rate, by_size: {reward,
   valid, count}}`` or null without train outputs;
-- ``history``: earlier stages' ``{stage, config_sizes, valid_by_size, valid}``.
+- ``history``: earlier stages' ``{stage, config_sizes, valid_by_size, valid}`` (from the previous stage's summary,
+  which carries its own history; the initial summary of ``init-curriculum`` has stage -1 and none).
 """
 
 from __future__ import annotations
@@ -139,12 +140,15 @@ def summarize(stage: int, config: EnvConfig, instances_path: Path, validation_pa
     inst = pl.read_parquet(instances_path)
     comps = pl.read_parquet(completions_path) if completions_path else None
     metrics = json.loads(Path(metrics_path).read_text()) if metrics_path else None
-    history = []
-    for p in history_paths:
+    history: dict[int, dict[str, Any]] = {}
+    for p in history_paths:  # an earlier summary brings its own history and itself (the initial one, stage -1, nothing)
         old = json.loads(Path(p).read_text())
-        history.append({"stage": old["stage"], "config_sizes": old["config"]["sizes"],
-                        "valid_by_size": {k: v["valid"] for k, v in old["validation"]["by_size"].items()},
-                        "valid": old["validation"]["overall"]["valid"]})
+        for h in old.get("history", []):
+            history[h["stage"]] = h
+        if old.get("stage", -1) >= 0:
+            history[old["stage"]] = {"stage": old["stage"], "config_sizes": old["config"]["sizes"],
+                                     "valid_by_size": {k: v["valid"] for k, v in old["validation"]["by_size"].items()},
+                                     "valid": old["validation"]["overall"]["valid"]}
     return {
         "schema_version": SCHEMA_VERSION,
         "stage": stage,
@@ -154,7 +158,7 @@ def summarize(stage: int, config: EnvConfig, instances_path: Path, validation_pa
         "examples": examples(val, config.seed + stage),
         "environment": environment(inst),
         "training": training(comps, metrics, config.budget),
-        "history": sorted(history, key=lambda h: h["stage"]),
+        "history": [history[k] for k in sorted(history)],
     }
 
 
@@ -237,7 +241,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--validation", type=Path, required=True, help="rollout trajectories on held-out instances")
     parser.add_argument("--completions", type=Path, default=None, help="train's GRPO completions Parquet")
     parser.add_argument("--metrics", type=Path, default=None, help="train's metrics JSON")
-    parser.add_argument("--history", type=Path, action="append", default=[], help="an earlier stage's summary.json (repeatable)")
+    parser.add_argument("--history", type=Path, action="append", default=[],
+                        help="the previous stage's summary.json, which carries the earlier history (repeatable)")
     parser.add_argument("--out-json", type=Path, required=True, help="summary.json to write")
     parser.add_argument("--out-md", type=Path, required=True, help="summary.md to write")
 

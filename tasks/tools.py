@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+import yaml
+
 from envgen.config import DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, describe_fields, schema_json
 from envgen.instance import Instance, InstanceError
 from envgen.movingai import MovingAIError, load_instance
@@ -106,8 +108,6 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
 
 def parse_overrides(items: list[str]) -> dict:
     """``--set KEY=VALUE`` items as a mapping; values are read as YAML (``64``, ``false``, ``[a, b]``)."""
-    import yaml
-
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -117,12 +117,21 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def load_config_or_report(path: Path) -> EnvConfig | None:
-    """The configuration, or None after printing its problems to stderr (the caller exits with status 2)."""
+def load_config_or_report(path: Path, section: str | None = None) -> EnvConfig | None:
+    """The configuration (the whole YAML file, or one of its top-level sections such as params.yaml's ``env``), or
+    None after printing its problems to stderr (the caller exits with status 2)."""
     try:
-        return EnvConfig.load(path)
+        if section is None:
+            return EnvConfig.load(path)
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict) or not isinstance(data.get(section), dict):
+            raise ConfigError(f"{path}: no section '{section}' holding an environment configuration")
+        return EnvConfig.parse(data[section], f"{path} (section {section})")
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
+        return None
+    except (OSError, yaml.YAMLError) as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
         return None
 
 

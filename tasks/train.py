@@ -263,8 +263,10 @@ def replace_dir(src: Path, dst: Path) -> None:
 
 
 def train(instances: str | Path, out_adapter: str | Path, out_completions: str | Path, out_metrics: str | Path,
-          config: TrainConfig = TrainConfig(), init_adapter: str | Path | None = None) -> dict[str, Any]:
-    """Run the step; returns the metrics (also written to ``out_metrics``)."""
+          config: TrainConfig = TrainConfig(), init_adapter: str | Path | None = None,
+          out_history: str | Path | None = None) -> dict[str, Any]:
+    """Run the step; returns the metrics. ``out_metrics`` gets the scalar and per-size metrics (for ``dvc metrics``),
+    ``out_history`` (optional) the per-step records (for ``dvc plots``): GRPO reward, validity, warm-start loss."""
     import torch
     from transformers import set_seed
 
@@ -295,7 +297,12 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         buf = io.BytesIO()
         pq.write_table(table, buf, compression="zstd")
         atomic_write_bytes(out_completions, buf.getvalue())
-        atomic_write_text(out_metrics, json.dumps(metrics, indent=2, default=str))
+        lists = ("train/history", "sft/loss_history")
+        atomic_write_text(out_metrics, json.dumps({k: v for k, v in metrics.items() if k not in lists}, indent=2, default=str))
+        if out_history is not None:
+            history = [{"phase": "grpo", **h} for h in metrics.get("train/history", [])]
+            history += [{"phase": "sft", "step": i, "loss": loss} for i, loss in enumerate(metrics.get("sft/loss_history", []))]
+            atomic_write_text(out_history, json.dumps(history, indent=1))
         replace_dir(staged, out_adapter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -307,6 +314,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-adapter", required=True, type=Path, help="LoRA adapter folder to write (replaced atomically)")
     parser.add_argument("--out-completions", required=True, type=Path, help="Parquet of every GRPO completion with its reward")
     parser.add_argument("--out-metrics", required=True, type=Path, help="metrics JSON")
+    parser.add_argument("--out-history", type=Path, default=None, help="per-step records JSON (GRPO reward, warm-start loss)")
     parser.add_argument("--init-adapter", type=Path, default=None, help="previous stage's adapter to continue from")
     parser.add_argument("--params", type=Path, default=None, help="params.yaml; its 'train' section is the TrainConfig")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -322,7 +330,8 @@ def run(args: argparse.Namespace) -> int:
         config = TrainConfig.from_params(args.params, overrides)
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
-        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, config, args.init_adapter)
+        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, config, args.init_adapter,
+                        args.out_history)
     except (ValueError, ModelNotFoundError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,6 +1,6 @@
 """Data validation with great-expectations: one expectation suite per dataset kind, run between pipeline steps.
 
-``env-engineer validate --kind instances|trajectories FILE`` exits 1 with one line per failed expectation (column,
+``env-engineer validate --kind instances|trajectories|completions FILE`` exits 1 with one line per failed expectation (column,
 expectation, a few offending values), so a corrupted or inconsistent Parquet stops the pipeline with a clear message.
 great-expectations is imported only here (about 6 s); the step modules do not need it, so they also run where it is
 not installed (the GPU image), and the pipeline runs this check as its own step.
@@ -60,6 +60,13 @@ SUITES: dict[str, list[Rule]] = {
         Rule("ExpectColumnValuesToBeInSet", {"column": "failure_category", "value_set": [c.value for c in FailureCategory]}),
         Rule("ExpectColumnValuesToBeInSet", {"column": "parse_error", "value_set": [e.value for e in ParseError]}),
         Rule("ExpectColumnValuesToMatchRegex", {"column": "content_hash", "regex": "^[0-9a-f]{64}$"}),
+    ],
+    "completions": [  # may be empty: a stage without GRPO writes no completions
+        *_not_null("step", "instance_id", "size", "completion", "reward", "parsed", "valid", "optimal"),
+        _between("step", 0, None),
+        _between("reward", -10.0, 10.0),
+        Rule("ExpectColumnValuesToBeInSet", {"column": "failure_category", "value_set": [c.value for c in FailureCategory]}),
+        Rule("ExpectColumnValuesToBeInSet", {"column": "parse_error", "value_set": [e.value for e in ParseError]}),
     ],
 }
 """Expectations per dataset kind (columns holding lists are checked by the writers' schemas instead)."""
