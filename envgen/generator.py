@@ -36,7 +36,12 @@ GENERATOR_VERSION = "mapf-frozenlake-gen/1"
 
 
 class GenerationError(RuntimeError):
-    """The generator could not fill a slot: the message names the infeasible part of the configuration."""
+    """The generator could not fill a slot: the message names the infeasible part of the configuration, and ``size``
+    says which map size."""
+
+    def __init__(self, message: str, size: int | None = None) -> None:
+        super().__init__(message)
+        self.size = size
 
 
 @dataclass(frozen=True)
@@ -164,7 +169,7 @@ def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: s
             continue
         taken.add(digest)
         return Generated(slot, instance, result, seed, attempt)
-    raise GenerationError(_infeasible_message(slot, config, options, rejected))
+    raise GenerationError(_infeasible_message(slot, config, options, rejected), slot.size)
 
 
 def _infeasible_message(slot: Slot, config: EnvConfig, options: GeneratorOptions, rejected: Counter[str]) -> str:

@@ -48,6 +48,8 @@ class EngineerSettings(BaseModel):
     base_url: str | None = Field(None, description="api engineer: OpenAI-compatible endpoint, e.g. https://api.openai.com/v1.")
     api_model: str = Field("gpt-4o-mini", description="api engineer: the endpoint's model name.")
     api_key_env: str = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key.")
+    feasibility_check: bool = Field(True, description="Generate the proposed stage once (same seed as the next stage); "
+                                    "sizes whose knobs cannot be generated go back to their previous values, with a note.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for local models.")
     seed: int = Field(0, ge=0, description="Seed of sampling and of the random engineer.")
 
@@ -150,6 +152,28 @@ def finalize(proposal: Proposal, current: EnvConfig, trust_region: dict[str, flo
         return current.model_copy(update={"seed": seed}), notes, True
 
 
+def ensure_feasible(config: EnvConfig, previous: EnvConfig, exclude: frozenset[str] = frozenset()) -> tuple[EnvConfig, list[str], bool]:
+    """Generate ``config`` as the next stage will (same seed, same exclusions); revert each size the generator cannot
+    fill to its previous knobs until it can. Returns ``(config, notes, fell_back_entirely)``."""
+    from envgen.generator import GenerationError, generate
+
+    notes: list[str] = []
+    for _ in range(len(config.sizes) + 1):
+        try:
+            for _ in generate(config, exclude=exclude):
+                pass
+            return config, notes, False
+        except GenerationError as e:
+            n = e.size
+            if n is None or n not in previous.sizes or config.sizes.get(n) == previous.sizes[n]:
+                notes.append(f"the proposal cannot be generated ({str(e)[:200]}): kept the previous configuration")
+                return previous.model_copy(update={"seed": config.seed}), notes, True
+            notes.append(f"size {n}: the proposed knobs cannot be generated ({str(e).split(';')[0][:160]}); "
+                         f"reverted to {previous.sizes[n].model_dump()}")
+            config = config.model_copy(update={"sizes": {**config.sizes, n: previous.sizes[n]}})
+    return previous.model_copy(update={"seed": config.seed}), notes + ["kept the previous configuration"], True
+
+
 @dataclass(frozen=True)
 class EngineerResult:
     config: EnvConfig
@@ -159,8 +183,9 @@ class EngineerResult:
 
 
 def engineer_config(summary: dict[str, Any], current: EnvConfig, settings: EngineerSettings, stage: int,
-                    adapter: str | None = None, engineer=None) -> EngineerResult:
-    """Ask the engineer and finalise its proposal. ``engineer`` may be given (tests, reuse of a loaded model)."""
+                    adapter: str | None = None, engineer=None, exclude: frozenset[str] = frozenset()) -> EngineerResult:
+    """Ask the engineer and finalise its proposal. ``engineer`` may be given (tests, reuse of a loaded model);
+    ``exclude`` holds the content hashes the next stage's generation will exclude (the validation set's)."""
     rng = random.Random(f"{settings.seed}:{stage}")
     notes: list[str] = []
     try:
@@ -171,6 +196,9 @@ def engineer_config(summary: dict[str, Any], current: EnvConfig, settings: Engin
         proposal = Proposal(None)
     config, more, fallback = finalize(proposal, current, settings.trust_region)
     notes += more
+    if settings.feasibility_check and not fallback:
+        config, more, fallback = ensure_feasible(config, current, exclude)
+        notes += more
     log = {"stage": stage, "engineer": settings.engineer, "context": settings.context, "constrained": proposal.constrained,
            "prompt": proposal.prompt, "attempts": proposal.attempts, "proposal": proposal.sizes, "rationale": proposal.rationale,
            "notes": notes, "fallback": fallback, "previous_config": json.loads(current.model_dump_json()),
@@ -185,6 +213,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-config", type=Path, required=True, help="next stage's configuration YAML to write")
     parser.add_argument("--out-log", type=Path, required=True, help="engineer_log.json to write")
     parser.add_argument("--adapter", default=None, help="the current checkpoint's adapter (policy engineer)")
+    parser.add_argument("--exclude", type=Path, action="append", default=[], metavar="PARQUET",
+                        help="instances the next stage's generation excludes (for the feasibility check), e.g. validation")
     parser.add_argument("--params", type=Path, default=None, help="params.yaml; its 'engineer' section is EngineerSettings")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a setting, e.g. --set engineer=heuristic")
 
@@ -201,7 +231,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    result = engineer_config(summary, current, settings, args.stage, args.adapter)
+    from tasks.generate_instances import read_exclusions
+
+    result = engineer_config(summary, current, settings, args.stage, args.adapter, exclude=read_exclusions(args.exclude))
     atomic_write_text(args.out_config, result.config.to_yaml())
     atomic_write_text(args.out_log, json.dumps(result.log, indent=2, default=str))
     print(f"engineer {settings.engineer} ({settings.context}): wrote {args.out_config}"

@@ -276,6 +276,8 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
     out_adapter = Path(out_adapter)
     out_adapter.parent.mkdir(parents=True, exist_ok=True)
     rows = read_instances(instances).to_pylist()
+    for stale in out_adapter.parent.glob(f".{out_adapter.name}.work-*"):  # left by a run that was killed
+        shutil.rmtree(stale, ignore_errors=True)
     work = Path(tempfile.mkdtemp(dir=out_adapter.parent, prefix=f".{out_adapter.name}.work-"))
     start = time.perf_counter()
     try:

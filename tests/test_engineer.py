@@ -222,3 +222,16 @@ def test_cli_writes_config_and_log(tmp_path, capsys):
     assert main(["engineer-config", "--summary", str(tmp_path / "s.json"), "--config", str(tmp_path / "c.yaml"), "--stage", "1",
                  "--out-config", str(tmp_path / "n2.yaml"), "--out-log", str(tmp_path / "l2.json"), "--set", "engineer=oracle"]) == 2
     assert "choose one of" in capsys.readouterr().err
+
+
+def test_infeasible_proposals_are_reverted_per_size_before_they_reach_the_generator():
+    current = EnvConfig(budget=12, seed=2, sizes={3: SizeConfig(data_ratio=0.5), 4: SizeConfig(data_ratio=0.5)})
+    # 4x4 with a minimum start-goal distance of 6 leaves only corner-to-corner routes: no room for two agents.
+    proposal = {"3": {"hole_ratio": 0.1}, "4": {"hole_ratio": 0.0, "wait_ratio": 0.78, "min_path_length": 6}}
+    result = engineer_config({}, current, EngineerSettings(engineer="fixed"), 0,
+                             engineer=type("E", (), {"propose": lambda self, inp: Proposal(proposal)})())
+    assert result.config.sizes[4] == current.sizes[4] and result.config.sizes[3].hole_ratio == 0.1
+    assert any("size 4: the proposed knobs cannot be generated" in n for n in result.notes) and not result.fallback
+    from envgen.generator import generate
+
+    assert len(list(generate(result.config))) == 12  # the next stage's generation succeeds
