@@ -31,9 +31,9 @@ import yaml  # noqa: E402
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 
-STEPS = ("generate-instances", "train", "rollout", "summarize-failures", "engineer-config")
+STEPS = ("generate-instances", "train", "rollout", "evaluate", "summarize-failures", "engineer-config")
 """The per-stage pipeline steps, in order (the names of the DVC foreach stages and of the Prefect tasks)."""
-SETUP = ("validation-set", "init-curriculum")
+SETUP = ("validation-set", "benchmark", "init-curriculum")
 
 
 class TransientError(RuntimeError):
@@ -86,10 +86,13 @@ def publish_artifacts(stage: int, next_stage: int, repo: str) -> None:
 
     base = Path(repo) / "data" / "stages"
     rows = []
-    for name in ("train_metrics.json", "validation_metrics.json"):
+    for name in ("train_metrics.json", "validation_metrics.json", "benchmark_metrics.json"):
         path = base / str(stage) / name
         if path.exists():
-            for key, value in _flatten(json.loads(path.read_text())).items():
+            data = json.loads(path.read_text())
+            data.pop("reference", None)
+            data.pop("bench_table", None)
+            for key, value in _flatten(data).items():
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     rows.append({"metric": key, "value": round(float(value), 4)})
     create_table_artifact(key=f"stage-{stage}-metrics", table=rows, description=f"Training and validation metrics of stage {stage}")

@@ -11,7 +11,8 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from policy import serve
-    from tasks import curriculum, engineer, generate_instances, mapf_tools, rollout, summarize, tools, train, validate
+    from tasks import (benchmark, compare, curriculum, engineer, generate_instances, mapf_tools, report, rollout, summarize,
+                       tools, train, validate)
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -37,6 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
         summarize.add_arguments, summarize.run)
     add("engineer-config", "Let an engineer (policy, base, api, heuristic, random, fixed) write the next configuration.",
         engineer.add_arguments, engineer.run)
+    add("build-benchmark", "Build the held-out benchmark (paper layout) and its reference rows (CBS, prioritized, independent).",
+        benchmark.add_build_arguments, benchmark.run_build)
+    add("evaluate", "Score a stage's benchmark rollout: valid/optimal per cell, Sum per agent count, per wait subset.",
+        benchmark.add_evaluate_arguments, benchmark.run_evaluate)
+    add("compare", "Compare engineers (or context variants) over seeds as DVC experiments: means with 95% intervals.",
+        compare.add_arguments, compare.run)
+    add("report", "Write a self-contained HTML report (and PNGs) of a curriculum run.", report.add_arguments, report.run)
     add("diff-configs", "Show what changed between two environment configurations (e.g. two stages of one revision).",
         curriculum.add_diff_arguments, curriculum.run_diff)
     add("validate", "Check a Parquet dataset against its great-expectations suite (exit 1 on failure).",

@@ -37,6 +37,8 @@ def tiny_params(model: Path) -> dict:
                            prompts_per_step=2, micro_batch_size=4, max_completion_length=16, lora_r=4, lora_alpha=8, threads=1)
     params["rollout"].update(max_new_tokens=16, threads=1)
     params["engineer"].update(model=str(model), max_new_tokens=400, threads=1, attempts=1)
+    params["benchmark"].update(per_cell=1, wait_ratios=[0.5], agents={3: [3, 4], 4: [4]})
+    params["evaluate"].update(max_new_tokens=16)
     return params
 
 
@@ -57,13 +59,13 @@ def repo(tmp_path_factory, tiny_model_dir) -> Path:
 
 def test_dvc_repro_runs_the_curriculum(repo):
     out = sh(["dvc", "repro"], repo).stdout
-    for stage in ("validation-set", "init-curriculum", "generate-instances@0", "train@0", "rollout@0",
+    for stage in ("validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "rollout@0", "evaluate@0",
                   "summarize-failures@0", "engineer-config@0", "engineer-config@1"):
         assert f"Running stage '{stage}'" in out
     stages = repo / "data" / "stages"
     for k in (0, 1):
         for name in ("instances.parquet", "train_completions.parquet", "validation.parquet", "summary.json", "summary.md",
-                     "engineer_log.json", "train_metrics.json", "validation_metrics.json"):
+                     "engineer_log.json", "train_metrics.json", "validation_metrics.json", "benchmark_metrics.json", "benchmark.md"):
             assert (stages / str(k) / name).exists(), (k, name)
         assert (stages / str(k) / "adapter" / "adapter_config.json").exists()
     assert (stages / "2" / "config.yaml").exists()  # the proposal for a stage after the last one
@@ -174,7 +176,7 @@ def test_prefect_flow_against_a_real_server(repo):
         for step in STEPS:
             for k in (0, 1):
                 assert f"{step}@{k}" in names
-        assert {"validation-set", "init-curriculum"} <= names
+        assert {"validation-set", "benchmark", "init-curriculum"} <= names
         assert all(t.state.is_completed() for t in task_runs)
         keys = {a.key for a in artifacts}
         assert {"stage-0-metrics", "stage-0-config-diff", "stage-1-metrics"} <= keys

@@ -1,0 +1,149 @@
+"""Engineer comparison through DVC experiments: equal budgets, several seeds, means with 95% confidence intervals.
+
+``env-engineer compare --engineers policy,base,heuristic,random,fixed --seeds 0,1,2 --run`` runs one DVC experiment per
+(engineer, seed) (``dvc exp run -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S train.seed=... -S env.seed=...
+-S engineer.seed=...``): every knob but the engineer and the seed is the workspace's, so budgets are equal. Without
+``--run`` it only collects the experiments already there. ``--contexts`` compares context variants of the ``policy``
+engineer instead (the paper's ablation). The aggregate is over each experiment's last stage's benchmark metrics
+(``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``): mean and a 95% t-interval across seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from envgen.files import atomic_write_text
+
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci(values: list[float]) -> dict[str, float]:
+    """Mean and the 95% t-interval half-width (0 for a single value)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"mean": mean, "ci95": 0.0, "n": n}
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return {"mean": mean, "ci95": t * statistics.stdev(values) / math.sqrt(n), "n": n}
+
+
+def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] | None = None) -> list[dict[str, Any]]:
+    plan = []
+    arms = [("policy", c) for c in contexts] if contexts else [(e, None) for e in engineers]
+    for engineer, context in arms:
+        for seed in seeds:
+            name = f"cmp-{engineer if context is None else 'ctx-' + context}-s{seed}"
+            sets = {"engineer.engineer": engineer, "train.seed": seed, "env.seed": seed, "engineer.seed": seed}
+            if context is not None:
+                sets["engineer.context"] = context
+            plan.append({"name": name, "arm": engineer if context is None else f"policy/{context}", "seed": seed, "set": sets})
+    return plan
+
+
+def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | None = None) -> None:
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+    for item in plan:
+        args = ["dvc", "exp", "run", "-n", item["name"], "--force"]
+        for key, value in {**item["set"], **(extra or {})}.items():
+            args += ["-S", f"{key}={json.dumps(value)}"]
+        print(f"running experiment {item['name']}", flush=True)
+        proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name, params and metrics of every experiment in ``dvc exp show --json`` output."""
+    out = []
+    for baseline in show:
+        for exp in baseline.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = rev.get("data") or {}
+                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+                metrics = {path: (m or {}).get("data") or {} for path, m in (data.get("metrics") or {}).items()}
+                out.append({"name": rev.get("name") or exp.get("name"), "params": params, "metrics": metrics})
+    return out
+
+
+def last_stage_bench(metrics: dict[str, dict[str, Any]]) -> dict[str, float] | None:
+    stages = [(int(m.group(1)), path) for path in metrics if (m := re.search(r"stages/(\d+)/benchmark_metrics\.json$", path))]
+    if not stages:
+        return None
+    return metrics[max(stages)[1]].get("bench")
+
+
+def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict[str, Any]:
+    arms = {item["name"]: item["arm"] for item in plan}
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seeds: dict[str, list[int]] = defaultdict(list)
+    for rec in records:
+        arm = arms.get(rec["name"])
+        bench = last_stage_bench(rec["metrics"]) if arm else None
+        if arm is None or bench is None:
+            continue
+        seeds[arm].append(rec["params"].get("train", {}).get("seed"))
+        for key, value in bench.items():
+            values[arm][key].append(float(value))
+    return {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())}}
+            for arm, ms in values.items()}
+
+
+def render(table: dict[str, Any]) -> str:
+    keys = sorted({k for arm in table.values() for k in arm["metrics"]})
+    lines = ["| engineer | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for arm, row in table.items():
+        cells = []
+        for k in keys:
+            m = row["metrics"].get(k)
+            cells.append("" if m is None else f"{100 * m['mean']:.1f} ± {100 * m['ci95']:.1f}")
+        lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage, benchmark).\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed", help="comma-separated engineers")
+    parser.add_argument("--contexts", default=None, help="compare these context variants of the policy engineer instead")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (at least 3 for an interval)")
+    parser.add_argument("--run", action="store_true", help="run the experiments (else only collect existing ones)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra parameter for every run")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
+    parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
+    parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from tasks.engineers import CONTEXTS, ENGINEERS
+    from tasks.tools import parse_overrides
+
+    try:
+        engineers = [e.strip() for e in args.engineers.split(",") if e.strip()]
+        contexts = [c.strip() for c in args.contexts.split(",")] if args.contexts else None
+        seeds = [int(s) for s in args.seeds.split(",")]
+        bad = [e for e in engineers if e not in ENGINEERS] + [c for c in contexts or [] if c not in CONTEXTS]
+        if bad:
+            raise ValueError(f"unknown engineer/context {bad}; engineers {sorted(ENGINEERS)}, contexts {sorted(CONTEXTS)}")
+        plan = experiment_plan(engineers, seeds, contexts)
+        if args.run:
+            run_plan(plan, args.repo, parse_overrides(args.set))
+        env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+        shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=env, capture_output=True, text=True, check=True)
+        table = aggregate(experiment_records(json.loads(shown.stdout)), plan)
+    except (ValueError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    atomic_write_text(args.out_json, json.dumps(table, indent=2))
+    atomic_write_text(args.out_md, render(table))
+    print(render(table))
+    return 0

@@ -1,0 +1,143 @@
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from envgen.cbs import Solved, solve
+from envgen.config import SizeConfig
+from envgen.generator import draw_instance
+from envgen.planners import independent_plan, prioritized_plan
+from envgen.simulate import Valid, check_plan
+from tasks.benchmark import BenchmarkSettings, build_benchmark, cell_table, check_disjoint, evaluate, reference_rows, render_table
+from tasks.compare import aggregate, experiment_plan, experiment_records, mean_ci, render
+from tasks.report import build_report
+
+
+def test_prioritized_plans_are_always_valid_when_found():
+    found = 0
+    for seed in range(150):
+        rng = random.Random(seed)
+        inst = draw_instance(rng, 4 + seed % 5, SizeConfig(data_ratio=1, hole_ratio=0.25), 2 + seed % 4, head_on=seed % 2 == 0)
+        if inst is None:
+            continue
+        plan = prioritized_plan(inst)
+        result = solve(inst)
+        if plan is None:
+            continue
+        found += 1
+        check = check_plan(inst, plan, result.soc if isinstance(result, Solved) else None)
+        assert isinstance(check, Valid), (inst.to_str(), check)
+        if isinstance(result, Solved):
+            assert check.soc >= result.soc
+    assert found > 100
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    settings = BenchmarkSettings(seed=5, per_cell=2, wait_ratios=[0.25, 0.75], agents={3: [3, 4], 4: [4, 5]})
+    n = build_benchmark(settings, root / "b.parquet", progress=False)
+    return root, settings, n
+
+
+def test_benchmark_layout_is_the_papers_and_distinct(bench):
+    root, settings, n = bench
+    rows = pq.read_table(root / "b.parquet").to_pylist()
+    assert n == len(rows) == 2 * 2 * (2 + 2)
+    cells = {(r["num_agents"], r["size"], r["wait_subset"]) for r in rows}
+    assert cells == {(a, s, w) for a, sizes in settings.agents.items() for s in sizes for w in (0.25, 0.75)}
+    assert len({r["content_hash"] for r in rows}) == len(rows) and [r["index"] for r in rows] == list(range(len(rows)))
+    waits = [r for r in rows if r["wait_subset"] == 0.75]
+    assert sum(r["needs_wait"] for r in waits) / len(waits) >= 0.5
+    again = root / "again.parquet"
+    build_benchmark(settings, again, progress=False)
+    assert again.read_bytes() == (root / "b.parquet").read_bytes()
+
+
+def test_reference_rows_and_tables(bench):
+    root, _, _ = bench
+    ref = reference_rows(root / "b.parquet")
+    assert ref["optimal (CBS)"]["3"]["sum"] == {"acc": 1.0, "opt": 1.0}
+    assert set(ref) == {"optimal (CBS)", "prioritized", "independent"}
+    waits = ref["independent"]["3"]["wait"]
+    assert waits["0.75"]["acc"] <= 0.25 + 1e-9  # at most the no-wait quarter: independent paths never wait
+    text = render_table(ref["prioritized"], "Reference: prioritized")
+    assert "| 3 |" in text and "Sum" in text and "wait 0.25" in text
+
+
+def test_cell_table_sum_is_mean_over_sizes():
+    rows = ([{"num_agents": 3, "size": 3, "wait_subset": 0.5, "valid": True, "optimal": True}] * 2 +
+            [{"num_agents": 3, "size": 4, "wait_subset": 0.5, "valid": False, "optimal": False},
+             {"num_agents": 3, "size": 4, "wait_subset": 0.5, "valid": True, "optimal": False}])
+    t = cell_table(rows)["3"]
+    assert t["sizes"]["3"]["acc"] == 1.0 and t["sizes"]["4"]["acc"] == 0.5 and t["sum"]["acc"] == 0.75 and t["sum"]["opt"] == 0.5
+    assert t["wait"]["0.50"] == {"acc": 0.75, "opt": 0.5, "n": 4}
+
+
+def test_evaluate_checks_disjointness(bench, tmp_path):
+    root, _, _ = bench
+    table = pq.read_table(root / "b.parquet")
+    rows = [{"instance_id": r["instance_id"], "content_hash": r["content_hash"], "num_agents": r["num_agents"], "size": r["size"],
+             "valid": r["size"] == 3, "optimal": False} for r in table.to_pylist()]
+    traj = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), traj)
+    train = tmp_path / "train.parquet"
+    pq.write_table(table.slice(0, 1).select(["content_hash"]), train)
+    with pytest.raises(ValueError, match="in the benchmark"):
+        evaluate(root / "b.parquet", traj, [train], None)
+    pq.write_table(pa.table({"content_hash": ["0" * 64]}), train)
+    metrics = evaluate(root / "b.parquet", traj, [train], None)
+    assert metrics["bench"]["acc/3_agents"] == 0.5 and metrics["disjoint"]["training_instances_checked"] == 1
+    assert check_disjoint(root / "b.parquet", []) == 0
+
+
+def test_comparison_aggregate_with_confidence_intervals():
+    assert mean_ci([1.0]) == {"mean": 1.0, "ci95": 0.0, "n": 1}
+    m = mean_ci([0.2, 0.4, 0.6])
+    assert m["mean"] == pytest.approx(0.4) and m["ci95"] == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
+    plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
+    assert len(plan) == 6 and plan[0]["set"]["engineer.engineer"] == "heuristic" and plan[0]["set"]["train.seed"] == 0
+    show = [{"rev": "workspace", "experiments": None},
+            {"rev": "abc", "experiments": [{"revs": [{"name": p["name"], "data": {
+                "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}}}},
+                "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.0}}},
+                            "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}}}}]}
+                for i, p in enumerate(plan)]}]
+    table = aggregate(experiment_records(show), plan)
+    assert table["heuristic"]["seeds"] == [0, 1, 2]
+    assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.2)  # last stage only
+    assert "heuristic | 3 |" in render(table)
+    ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
+    assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
+
+
+def test_report_is_self_contained(tmp_path):
+    import yaml
+
+    stages = tmp_path / "stages"
+    for k in (0, 1):
+        d = stages / str(k)
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": k,
+                                                       "sizes": {3: {"data_ratio": 0.5, "hole_ratio": 0.1 * k, "wait_ratio": 0.5}}}))
+        table = {"3": {"sizes": {"3": {"acc": 0.1 * k, "opt": 0.0, "n": 2}}, "sum": {"acc": 0.1 * k, "opt": 0.0}, "wait": {}}}
+        (d / "benchmark_metrics.json").write_text(json.dumps({"bench": {"acc/3_agents": 0.1 * k}, "bench_table": table,
+                                                              "reference": {"prioritized": table, "independent": table}}))
+        (d / "benchmark.md").write_text(render_table(table, "Policy"))
+        (d / "validation_metrics.json").write_text(json.dumps({"validation": {"valid": 0.5}, "validation_by_size": {"3": {"valid": 0.5}}}))
+        (d / "train_metrics.json").write_text("{}")
+        (d / "engineer_log.json").write_text(json.dumps({"engineer": "heuristic", "context": "bookkeeping", "rationale": "<b>bold</b>",
+                                                         "notes": ["size 3: clamped"], "fallback": False}))
+        (d / "summary.json").write_text(json.dumps({"stage": k, "validation": {"overall": {"valid": 0.5, "failures": {"hole": 0.3},
+                                                    "parse_errors": {"empty": 0.2}}}, "examples": [
+            {"size": 3, "num_agents": 2, "verdict": "hole", "board": "A . b", "answer": "<script>alert(1)</script>"}]}))
+    out = tmp_path / "r.html"
+    files = build_report(stages, out)
+    text = out.read_text()
+    assert files[0] == out and len(files) > 4 and all(p.exists() for p in files)
+    for section in ("Benchmark curves", "Configuration evolution", "Failure breakdown", "The engineer's decisions", "Sampled failed answers"):
+        assert section in text
+    assert "<script" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text
+    assert "http://" not in text and "https://" not in text and text.count("data:image/png;base64,") >= 4
