@@ -1,7 +1,7 @@
 """Engineer comparison through DVC experiments: equal budgets, several seeds, means with 95% confidence intervals.
 
 ``env-engineer compare --engineers policy,base,heuristic,random,fixed --seeds 0,1,2 --run`` runs one DVC experiment per
-(engineer, seed) (``dvc exp run -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S train.seed=... -S env.seed=...
+(engineer, seed) (``dvc exp run --temp -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S train.seed=... -S env.seed=...
 -S engineer.seed=...``): every knob but the engineer and the seed is the workspace's, so budgets are equal. Without
 ``--run`` it only collects the experiments already there. ``--contexts`` compares context variants of the ``policy``
 engineer instead (the paper's ablation). The aggregate is over each experiment's last stage's benchmark metrics
@@ -55,7 +55,7 @@ def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] 
 def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | None = None) -> None:
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
     for item in plan:
-        args = ["dvc", "exp", "run", "-n", item["name"], "--force"]
+        args = ["dvc", "exp", "run", "--temp", "-n", item["name"], "--force"]  # --temp: the workspace stays as it is
         for key, value in {**item["set"], **(extra or {})}.items():
             args += ["-S", f"{key}={json.dumps(value)}"]
         print(f"running experiment {item['name']}", flush=True)

@@ -124,7 +124,9 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
                 o = e["summary"]["validation"]["overall"]
                 vals.append(100 * (o["valid"] if cat == "valid" else o["parse_errors"].get(cat.split(":", 1)[1], 0) if cat.startswith("unreadable:")
                                    else o["failures"].get(cat, 0)))
-            ax.bar([str(e["stage"]) for e in summaries], vals, bottom=bottom, label=cat, color="tab:green" if cat == "valid" else f"C{i % 10}")
+            palette = ["C0", "C1", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]  # green is kept for valid answers
+            color = "tab:green" if cat == "valid" else palette[i % len(palette)]
+            ax.bar([str(e["stage"]) for e in summaries], vals, bottom=bottom, label=cat, color=color)
             bottom += np.array(vals)
         ax.set_xlabel("stage")
         ax.set_ylabel("% of validation answers")
