@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,9 @@ class TransientError(RuntimeError):
 
 def dvc(args: list[str], repo: Path) -> str:
     """Run a DVC command in ``repo``; its output, or an error carrying the output's tail."""
-    env = dict(os.environ)
-    bindir = str(Path(sys.executable).parent)
-    env["PATH"] = bindir + os.pathsep + env.get("PATH", "")  # stage commands find env-engineer beside this Python
-    proc = subprocess.run(["dvc", *args], cwd=repo, env=env, capture_output=True, text=True)
+    from tasks.tools import tool_env
+
+    proc = subprocess.run(["dvc", *args], cwd=repo, env=tool_env(), capture_output=True, text=True)
     output = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-25:])

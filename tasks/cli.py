@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     def add(name: str, help_text: str, add_args, run) -> None:
         p = sub.add_parser(name, help=help_text, description=help_text)
         add_args(p)
-        p.set_defaults(run=run)
+        p.set_defaults(handler=run)
 
     add("init-curriculum", "Write the state before stage 0: round-0 configuration, fresh LoRA adapter, empty summary.",
         curriculum.add_init_arguments, curriculum.run_init)
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         benchmark.add_build_arguments, benchmark.run_build)
     add("evaluate", "Score a stage's benchmark rollout: valid/optimal per cell, Sum per agent count, per wait subset.",
         benchmark.add_evaluate_arguments, benchmark.run_evaluate)
-    add("compare", "Compare engineers (or context variants) over seeds as DVC experiments: means with 95% intervals.",
+    add("compare", "Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
         compare.add_arguments, compare.run)
     add("report", "Write a self-contained HTML report (and PNGs) of a curriculum run.", report.add_arguments, report.run)
     add("diff-configs", "Show what changed between two environment configurations (e.g. two stages of one revision).",
@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
 import statistics
 import subprocess
@@ -53,7 +52,9 @@ def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] 
 
 
 def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | None = None) -> None:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+    from tasks.tools import tool_env
+
+    env = tool_env()
     for item in plan:
         args = ["dvc", "exp", "run", "--temp", "-n", item["name"], "--force"]  # --temp: the workspace stays as it is
         for key, value in {**item["set"], **(extra or {})}.items():
@@ -125,7 +126,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from tasks.engineers import CONTEXTS, ENGINEERS
-    from tasks.tools import parse_overrides
+    from tasks.tools import parse_overrides, tool_env
 
     try:
         engineers = [e.strip() for e in args.engineers.split(",") if e.strip()]
@@ -137,8 +138,7 @@ def run(args: argparse.Namespace) -> int:
         plan = experiment_plan(engineers, seeds, contexts)
         if args.run:
             run_plan(plan, args.repo, parse_overrides(args.set))
-        env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
-        shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=env, capture_output=True, text=True, check=True)
+        shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=tool_env(), capture_output=True, text=True, check=True)
         table = aggregate(experiment_records(json.loads(shown.stdout)), plan)
     except (ValueError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -106,6 +106,14 @@ def add_validate_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", type=Path, help="environment configuration YAML")
 
 
+def tool_env() -> dict[str, str]:
+    """The environment for running ``dvc`` and ``env-engineer`` as subprocesses: this Python's ``bin`` folder first on
+    PATH (so a virtualenv works without being activated) and DVC analytics off."""
+    import os
+
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+
+
 def parse_overrides(items: list[str]) -> dict:
     """``--set KEY=VALUE`` items as a mapping; values are read as YAML (``64``, ``false``, ``[a, b]``)."""
     out = {}

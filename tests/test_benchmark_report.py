@@ -141,3 +141,21 @@ def test_report_is_self_contained(tmp_path):
         assert section in text
     assert "<script" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text
     assert "http://" not in text and "https://" not in text and text.count("data:image/png;base64,") >= 4
+
+
+def test_compare_cli_collects_from_a_dvc_repository(tmp_path, capsys):
+    import subprocess
+
+    from tasks.cli import main
+
+    from tasks.tools import tool_env
+
+    env = tool_env()
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run(["dvc", "init", "-q"], cwd=tmp_path, check=True, env=env)
+    out_json, out_md = tmp_path / "c.json", tmp_path / "c.md"
+    code = main(["compare", "--repo", str(tmp_path), "--engineers", "fixed,heuristic", "--seeds", "0,1", "--out-json", str(out_json),
+                 "--out-md", str(out_md)])
+    assert code == 0 and json.loads(out_json.read_text()) == {} and "| engineer | seeds |" in out_md.read_text()
+    assert main(["compare", "--repo", str(tmp_path), "--engineers", "oracle"]) == 2
+    assert "unknown engineer" in capsys.readouterr().err

@@ -105,3 +105,15 @@ def test_console_script_help_runs():
         assert command in out
     with pytest.raises(SystemExit):
         main(["no-such-command"])
+
+
+def test_every_subcommand_has_working_help(capsys):
+    import argparse
+
+    from tasks.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(sub.choices) >= 18
+    for name, parser in sub.choices.items():
+        text = parser.format_help()
+        assert name in text and "usage:" in text
