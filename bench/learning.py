@@ -55,13 +55,14 @@ def model_rates(traj: Path) -> dict[str, dict[str, float]]:
 
 
 def evaluate(tag: str, model: str, adapter: Path | None, evals: dict[str, Path], cfg: TrainConfig, out: Path,
-             max_new_tokens: int, batch_size: int) -> dict:
+             max_new_tokens: int, batch_size: int, cache: str) -> dict:
     results = {}
     for name, path in evals.items():
         start = time.perf_counter()
         traj = out / f"eval-{tag}-{name}.parquet"
         rollout(path, traj, RolloutConfig(model=model, adapter=str(adapter) if adapter else None, samples=1, temperature=0,
                                           max_new_tokens=max_new_tokens, batch_size=batch_size, prompt=cfg.prompt,
+                                          cache=cache,
                                           reward=cfg.reward), progress=False)
         results[name] = {"rates": model_rates(traj), "seconds": time.perf_counter() - start}
         print(f"[{tag}] {name}: valid {results[name]['rates']['all']['valid']:.3f} optimal "
@@ -82,6 +83,8 @@ def main() -> int:
     parser.add_argument("--skip-grpo", action="store_true", help="warm start only")
     parser.add_argument("--skip-sft", action="store_true", help="GRPO only, from --init-adapter (or a fresh adapter)")
     parser.add_argument("--init-adapter", type=Path, default=None, help="adapter GRPO starts from when --skip-sft")
+    parser.add_argument("--eval-cache", default="dynamic", choices=["auto", "static", "dynamic"],
+                        help="KV cache of the evaluation rollouts (default dynamic, as in the recorded runs)")
     parser.add_argument("--eval-base", action="store_true", help="also evaluate the model without adapter")
     args = parser.parse_args()
     out = args.out_dir
@@ -93,19 +96,22 @@ def main() -> int:
     for name, rates in report["planner"].items():
         print(f"[independent planner] {name}: valid {rates['all']['valid']:.3f} optimal {rates['all']['optimal']:.3f}", flush=True)
     if args.eval_base:
-        report["base"] = evaluate("base", cfg.model, None, evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size)
+        report["base"] = evaluate("base", cfg.model, None, evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
+                           args.eval_cache)
     start_adapter = args.init_adapter
     if not args.skip_sft:
         sft_cfg = cfg.model_copy(update={"grpo": False})
         report["sft_metrics"] = train(args.train, out / "adapter-sft", out / "completions-sft.parquet", out / "metrics-sft.json", sft_cfg)
-        report["sft"] = evaluate("sft", cfg.model, out / "adapter-sft", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size)
+        report["sft"] = evaluate("sft", cfg.model, out / "adapter-sft", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
+                           args.eval_cache)
         (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
         start_adapter = out / "adapter-sft"
     if not args.skip_grpo:
         grpo_cfg = cfg.model_copy(update={"sft": False})
         report["grpo_metrics"] = train(args.train, out / "adapter-grpo", out / "completions-grpo.parquet", out / "metrics-grpo.json",
                                        grpo_cfg, init_adapter=start_adapter)
-        report["grpo"] = evaluate("grpo", cfg.model, out / "adapter-grpo", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size)
+        report["grpo"] = evaluate("grpo", cfg.model, out / "adapter-grpo", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
+                           args.eval_cache)
     name = "results.json" if not (args.skip_sft or args.skip_grpo) else f"results-{'grpo' if args.skip_sft else 'sft'}.json"
     (out / name).write_text(json.dumps(report, indent=2, default=str))
     print(f"\n{'set':<10} {'group':<8} {'planner':>8} " + " ".join(f"{t:>8}" for t in ("base", "sft", "grpo") if t in report))

@@ -16,6 +16,7 @@ import random
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -86,26 +87,64 @@ def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
 
 # --------------------------------------------------------------------------------------------------- transformers
 class TransformersBackend:
-    """Hugging Face ``generate``, batched: ``batch_size`` conversations times ``n`` samples per forward pass."""
+    """Hugging Face ``generate``, batched: ``batch_size`` conversations times ``n`` samples per forward pass.
+
+    Args:
+        cache: ``"static"`` preallocates the KV cache, which lets ``generate`` compile the decode step into CUDA graphs
+            (the per-token Python and kernel-launch overhead goes away: the bulk of a step at any batch size on a GPU);
+            prompts are left-padded to a multiple of ``pad_multiple`` so few shapes compile. ``"dynamic"`` grows the
+            cache step by step (no compilation; best on CPU). ``"auto"``: static on CUDA, dynamic elsewhere.
+        compile_backend: the ``torch.compile`` backend for the static decode step: ``"inductor"`` (needs Triton and a
+            C compiler), ``"cudagraphs"`` (CUDA graphs only, no code generation) or ``"none"`` (static cache, eager).
+    """
 
     name = "transformers"
 
     def __init__(self, model: str = "embedded", adapter: str | None = None, device: str = "auto", dtype: str = "auto",
-                 batch_size: int = 8, threads: int | None = None) -> None:
-        import torch
-
+                 batch_size: int = 8, threads: int | None = None, cache: str = "auto", compile_backend: str = "inductor",
+                 pad_multiple: int = 64) -> None:
         from policy.models import load_model
+
+        self._configure(batch_size, threads, cache, compile_backend, pad_multiple)
+        self._attach(load_model(model, adapter, device=device, dtype=dtype))
+
+    @classmethod
+    def from_loaded(cls, loaded: Any, **options: Any) -> "TransformersBackend":
+        """A backend around an already loaded :class:`policy.models.LoadedModel` (for example a randomly initialised one)."""
+        self = cls.__new__(cls)
+        self._configure(options.pop("batch_size", 8), options.pop("threads", None), options.pop("cache", "auto"),
+                        options.pop("compile_backend", "inductor"), options.pop("pad_multiple", 64))
+        if options:
+            raise TypeError(f"unknown options {sorted(options)}")
+        self._attach(loaded)
+        return self
+
+    def _configure(self, batch_size: int, threads: int | None, cache: str, compile_backend: str, pad_multiple: int) -> None:
+        import torch
 
         if threads:
             torch.set_num_threads(threads)
         if batch_size < 1:
             raise ValueError(f"batch_size = {batch_size}: must be at least 1")
-        self.loaded = load_model(model, adapter, device=device, dtype=dtype)
-        self.model_id = self.loaded.model_id
-        self.adapter_hash = self.loaded.adapter_hash
-        self.batch_size = batch_size
+        if cache not in ("auto", "static", "dynamic"):
+            raise ValueError(f"cache = {cache!r}: choose 'auto', 'static' or 'dynamic'")
+        if compile_backend not in ("inductor", "cudagraphs", "none"):
+            raise ValueError(f"compile_backend = {compile_backend!r}: choose 'inductor', 'cudagraphs' or 'none'")
+        if pad_multiple < 1:
+            raise ValueError(f"pad_multiple = {pad_multiple}: must be at least 1")
+        self.batch_size, self.cache, self.compile_backend, self.pad_multiple = batch_size, cache, compile_backend, pad_multiple
         self._compiler = None
         self._grammars: dict[str, Any] = {}
+
+    def _attach(self, loaded: Any) -> None:
+        self.loaded = loaded
+        self.model_id = loaded.model_id
+        self.adapter_hash = loaded.adapter_hash
+
+    @property
+    def static_cache(self) -> bool:
+        """Whether generation uses the preallocated (compilable) KV cache."""
+        return self.cache == "static" or (self.cache == "auto" and str(self.loaded.device).startswith("cuda"))
 
     def _logits_processor(self, schema: str | None):
         """An xgrammar logits processor for ``schema``, or None (no schema, or xgrammar not installed)."""
@@ -125,32 +164,69 @@ class TransformersBackend:
     def prompt_text(self, conversation: Conversation) -> str:
         return self.loaded.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
 
-    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+    def _generation_options(self) -> dict[str, Any]:
+        if not self.static_cache:
+            return {}
+        from transformers.generation.configuration_utils import CompileConfig
+
+        if self.compile_backend == "none":
+            return {"cache_implementation": "static", "disable_compile": True}
+        # inductor takes mode 'reduce-overhead' (its CUDA graphs); the cudagraphs backend takes no mode
+        mode = "reduce-overhead" if self.compile_backend == "inductor" else "default"
+        return {"cache_implementation": "static", "compile_config": CompileConfig(backend=self.compile_backend, mode=mode)}
+
+    def generate_ids(self, input_ids: Any, attention_mask: Any, n: int, params: SamplingParams, seed: int,
+                     logits_processor: Any = None) -> tuple[Any, float]:
+        """Sample from left-padded token ids: returns the new tokens (``rows x new``; row ``i * n + j`` is sample ``j``
+        of prompt ``i`` when sampling, one row per prompt when greedy) and the seconds it took."""
         import torch
 
         tok, model = self.loaded.tokenizer, self.loaded.model
+        sample = params.temperature > 0
+        t0 = time.perf_counter()
+        while True:
+            torch.manual_seed(seed)
+            try:
+                with torch.inference_mode():
+                    ids = model.generate(
+                        input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=params.max_new_tokens,
+                        do_sample=sample, num_return_sequences=n if sample else 1,
+                        temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
+                        top_k=None, pad_token_id=tok.pad_token_id, stop_strings=list(params.stop) or None,
+                        tokenizer=tok if params.stop else None,
+                        logits_processor=[logits_processor] if logits_processor is not None else None,
+                        **self._generation_options(),
+                    )
+                break
+            except Exception as e:  # noqa: BLE001 - a compiler that cannot build here: fall back, never lose the rollout
+                if not self.static_cache or self.compile_backend == "none":
+                    raise
+                fallback = {"inductor": "cudagraphs", "cudagraphs": "none"}[self.compile_backend]
+                warnings.warn(f"compiling the decode step with {self.compile_backend!r} failed ({type(e).__name__}: "
+                              f"{str(e)[:200]}); falling back to {fallback!r}", RuntimeWarning, stacklevel=2)
+                self.compile_backend = fallback
+                for attr in ("_compiled_call", "_last_compile_config"):
+                    if hasattr(model, attr):
+                        delattr(model, attr)
+                torch.compiler.reset()
+                t0 = time.perf_counter()
+        return ids[:, input_ids.shape[1]:], time.perf_counter() - t0
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
+        pad = {"pad_to_multiple_of": self.pad_multiple} if self.static_cache else {}
         for k, start in enumerate(range(0, len(conversations), self.batch_size)):
             chunk = conversations[start : start + self.batch_size]
             texts = [self.prompt_text(c) for c in chunk]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.loaded.device)
+            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False, **pad).to(self.loaded.device)
             seed = params.seed + k
-            torch.manual_seed(seed)
-            sample = params.temperature > 0
             grammar = self._logits_processor(params.json_schema)
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                ids = model.generate(
-                    **enc, max_new_tokens=params.max_new_tokens, do_sample=sample, num_return_sequences=n if sample else 1,
-                    temperature=params.temperature if sample else None, top_p=params.top_p if sample else None,
-                    top_k=None, pad_token_id=tok.pad_token_id, stop_strings=list(params.stop) or None, tokenizer=tok,
-                    logits_processor=[grammar] if grammar is not None else None,
-                )
-            latency = time.perf_counter() - t0
-            new = ids[:, enc["input_ids"].shape[1]:]
+            new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar)
             prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
             ends = {tok.pad_token_id, tok.eos_token_id}
+            sample = params.temperature > 0
             for i in range(len(chunk)):
                 gens = []
                 for j in range(n):  # greedy decoding makes one sequence per prompt: its n samples are copies

@@ -73,6 +73,8 @@ class RolloutConfig:
         max_new_tokens, temperature, top_p, seed: sampling (temperature 0 is greedy).
         batch_size: instances per generate call (times ``samples`` sequences).
         threads: torch CPU threads (None: torch's default).
+        cache, compile_backend: the transformers backend's KV cache ('auto': static and compiled on CUDA, dynamic on
+            CPU) and compiler ('inductor', 'cudagraphs', 'none'); see ``policy.backends.TransformersBackend``.
         limit: only the first ``limit`` instances (None: all).
         stage: recorded with every row.
         prompt: how instances are shown. reward: how answers are rewarded.
@@ -89,6 +91,8 @@ class RolloutConfig:
     seed: int = 0
     batch_size: int = 8
     threads: int | None = None
+    cache: str = "auto"
+    compile_backend: str = "inductor"
     limit: int | None = None
     stage: int = 0
     prompt: PromptStyle = field(default_factory=PromptStyle)
@@ -109,7 +113,10 @@ class RolloutConfig:
     def backend_options(self) -> dict:
         if self.backend == "openai":
             return {"base_url": self.base_url, "model": self.model, "api_key_env": self.api_key_env}
-        return {"model": self.model, "adapter": self.adapter, "batch_size": self.batch_size, "threads": self.threads}
+        options = {"model": self.model, "adapter": self.adapter, "batch_size": self.batch_size, "threads": self.threads}
+        if self.backend == "transformers":
+            options.update(cache=self.cache, compile_backend=self.compile_backend)
+        return options
 
 
 @dataclass(frozen=True)
@@ -226,6 +233,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default 0)")
     parser.add_argument("--batch-size", type=int, default=None, help="instances per generate call (default 8)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--cache", default=None, choices=["auto", "static", "dynamic"],
+                        help="KV cache of the transformers backend: static compiles the decode step on CUDA (default auto: "
+                        "static on CUDA, dynamic on CPU)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N instances")
     parser.add_argument("--stage", type=int, default=None, help="curriculum stage recorded with each row")
     parser.add_argument("--view", default=None, choices=["grid", "coords"], help="map view in the prompt (default grid)")
@@ -248,7 +258,7 @@ def run(args: argparse.Namespace) -> int:
         config = config_from_params(args.params)
         flags = {"model": args.model, "adapter": args.adapter, "backend": args.backend, "samples": args.samples,
                  "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                 "seed": args.seed, "batch_size": args.batch_size, "threads": args.threads, "limit": args.limit,
+                 "seed": args.seed, "batch_size": args.batch_size, "threads": args.threads, "cache": args.cache, "limit": args.limit,
                  "stage": args.stage, "base_url": args.base_url, "api_key_env": args.api_key_env}
         config = replace(config, **{k: v for k, v in flags.items() if v is not None})
         style = {"view": args.view, "moves": args.moves}

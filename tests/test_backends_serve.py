@@ -47,6 +47,49 @@ def test_transformers_backend_batches_samples_and_seeds(tiny_backend):
     assert greedy[0][0].text == greedy[0][1].text
 
 
+def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend):
+    """The static KV cache (compiled on CUDA; eager here) gives the same greedy tokens as the dynamic one, even with
+    prompts padded to a multiple of 64 tokens; settings are checked and name their choices."""
+    from policy.backends import TransformersBackend
+
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    convs = [CONVS[0], build_messages(Instance(("FFF", "FHF", "FFF"), ((0, 0), (2, 2)), ((2, 2), (0, 0))))]
+    assert not tiny_backend.static_cache  # 'auto' on a CPU
+    dynamic = tiny_backend.generate(convs, 1, greedy)
+    static = TransformersBackend.from_loaded(tiny_backend.loaded, batch_size=2, cache="static", compile_backend="none")
+    assert static.static_cache
+    out = static.generate(convs, 1, greedy)
+    assert [g[0].text for g in out] == [g[0].text for g in dynamic]
+    assert [g[0].prompt_tokens for g in out] == [g[0].prompt_tokens for g in dynamic]  # padding is not counted
+    with pytest.raises(ValueError, match="cache = 'fast': choose 'auto', 'static' or 'dynamic'"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, cache="fast")
+    with pytest.raises(ValueError, match="compile_backend = 'xla'"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, compile_backend="xla")
+    with pytest.raises(TypeError, match="unknown options"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, colour="red")
+
+
+def test_gpu_benchmark_script_measures_every_variant(tmp_path):
+    """bench/gpu.py on a tiny architecture on the CPU: every rollout and training variant yields a row with tokens/s,
+    and the JSON holds them (the real run is on the lent GPU)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpu
+
+    out = tmp_path / "gpu.json"
+    gpu.main(["--archs", "tiny", "--device", "cpu", "--dtype", "float32", "--rollout", "plain:2,dynamic:2,static:3",
+              "--prompt-len", "8", "--new-tokens", "4", "--train-batch", "2", "--train-seq", "16", "--train-completion", "8",
+              "--train-steps", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]["tiny"]
+    assert [(r["part"], r["variant"]) for r in rows] == [("rollout", "plain"), ("rollout", "dynamic"), ("rollout", "static"),
+                                                        ("train", "lm+ckpt"), ("train", "grpo+ckpt"), ("train", "grpo")]
+    assert all("error" not in r and r["tok_per_s"] > 0 for r in rows)
+    assert [r["tokens"] for r in rows[:3]] == [8, 8, 12]  # rows x new tokens: nothing stopped early
+    assert gpu.forward_flops_per_token("qwen3-4b", 512) / 2 == pytest.approx(4.0e9, rel=0.05)  # ~4B weights in matmuls
+
+
 def test_registry_and_missing_vllm():
     with pytest.raises(ValueError, match="choose one of"):
         make_backend("nope")
