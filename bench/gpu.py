@@ -9,9 +9,11 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
 
 - ``plain``: ``model.generate`` with its defaults (dynamic KV cache), the baseline;
 - ``dynamic``: the project's path (``TransformersBackend.generate_ids``) with the dynamic cache;
-- ``static``: the project's path as it runs on CUDA by default: preallocated KV cache, decode step compiled by
-  ``torch.compile`` into CUDA graphs (``inductor``, or ``cudagraphs`` when Triton cannot build). The first call compiles;
-  its time is reported separately as ``warmup_s``.
+- ``static``: the project's path as it runs on CUDA by default: preallocated KV cache, grouped-query decode attention
+  without key/value copies (``policy/attention.py``), decode step compiled by ``torch.compile`` into CUDA graphs
+  (``inductor``, or ``cudagraphs`` when Triton cannot build).
+
+Every variant first runs once at full length (the static one compiles then; ``warmup_s``), then the timed run.
 
 Training (tokens/s of forward + backward + AdamW step on LoRA r=16 over all linear layers, 16 sequences x 512 tokens):
 
@@ -121,7 +123,6 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
     ids = torch.randint(1, model.config.vocab_size, (batch, prompt_len), generator=gen).to(device)
     mask = torch.ones_like(ids)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0, top_p=1.0, stop=())
-    warm_params = SamplingParams(max_new_tokens=min(8, new_tokens), temperature=1.0, top_p=1.0, stop=())
     if variant == "plain":
         def run(p: SamplingParams):
             with torch.inference_mode():
@@ -135,8 +136,10 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
         def run(p: SamplingParams):
             return backend.generate_ids(ids, mask, 1, p, seed=0)[0]
     start = time.perf_counter()
-    # static: the first call compiles (for this cache length: a shorter warm-up would compile another shape)
-    run(warm_params if variant != "static" else params)
+    # A full-length warm-up: a short one leaves the allocator to grow during the timed run (measured on an H100: the
+    # first batch-256 run of a process at half the speed of the next), and the static variant compiles for this cache
+    # length (a shorter warm-up would compile another shape).
+    run(params)
     sync(device)
     warmup = time.perf_counter() - start
     start = time.perf_counter()

@@ -2,7 +2,8 @@
 
 Registry :data:`BACKENDS`:
 
-- ``transformers`` (default; CPU or GPU): batched sampling with left padding, stop strings, per-batch seeds.
+- ``transformers`` (default; CPU or GPU): batched sampling with left padding, stop strings, per-batch seeds; on CUDA a
+  static KV cache with the decode step compiled into CUDA graphs (see :class:`TransformersBackend`).
 - ``vllm`` (GPU): imported only when chosen; LoRA adapters through ``LoRARequest``.
 - ``openai``: any OpenAI-compatible chat-completions endpoint (base URL, model name, API key read from an environment
   variable and never logged), retries with exponential backoff on connection errors, 429 and 5xx.
@@ -179,10 +180,23 @@ class TransformersBackend:
                      logits_processor: Any = None) -> tuple[Any, float]:
         """Sample from left-padded token ids: returns the new tokens (``rows x new``; row ``i * n + j`` is sample ``j``
         of prompt ``i`` when sampling, one row per prompt when greedy) and the seconds it took."""
-        import torch
-
         tok, model = self.loaded.tokenizer, self.loaded.model
         sample = params.temperature > 0
+        previous = model.config._attn_implementation
+        if self.static_cache and previous == "sdpa":  # no per-step copy of grouped keys/values (policy/attention.py)
+            from policy.attention import register
+
+            model.set_attn_implementation(register())
+        try:
+            return self._generate_loop(model, tok, input_ids, attention_mask, n, params, seed, logits_processor, sample)
+        finally:
+            if model.config._attn_implementation != previous:
+                model.set_attn_implementation(previous)
+
+    def _generate_loop(self, model: Any, tok: Any, input_ids: Any, attention_mask: Any, n: int, params: SamplingParams,
+                       seed: int, logits_processor: Any, sample: bool) -> tuple[Any, float]:
+        import torch
+
         t0 = time.perf_counter()
         while True:
             torch.manual_seed(seed)

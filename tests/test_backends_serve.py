@@ -58,7 +58,9 @@ def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend)
     dynamic = tiny_backend.generate(convs, 1, greedy)
     static = TransformersBackend.from_loaded(tiny_backend.loaded, batch_size=2, cache="static", compile_backend="none")
     assert static.static_cache
-    out = static.generate(convs, 1, greedy)
+    assert tiny_backend.loaded.model.config.num_key_value_heads < tiny_backend.loaded.model.config.num_attention_heads
+    out = static.generate(convs, 1, greedy)  # grouped-query decode attention (policy/attention.py) on the static cache
+    assert tiny_backend.loaded.model.config._attn_implementation == "sdpa"  # restored after the call
     assert [g[0].text for g in out] == [g[0].text for g in dynamic]
     assert [g[0].prompt_tokens for g in out] == [g[0].prompt_tokens for g in dynamic]  # padding is not counted
     with pytest.raises(ValueError, match="cache = 'fast': choose 'auto', 'static' or 'dynamic'"):
@@ -67,6 +69,33 @@ def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend)
         TransformersBackend.from_loaded(tiny_backend.loaded, compile_backend="xla")
     with pytest.raises(TypeError, match="unknown options"):
         TransformersBackend.from_loaded(tiny_backend.loaded, colour="red")
+
+
+def test_grouped_decode_attention_equals_transformers_sdpa():
+    """One decoded token against a masked cache: the packed grouped-query attention gives transformers' SDPA result
+    (which copies keys and values per head group) for every head; other shapes are passed through unchanged."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from policy.attention import grouped_decode_sdpa
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 4, True
+    batch, kv, length, dim = 3, 2, 10, 8
+    key, value = torch.randn(batch, kv, length, dim), torch.randn(batch, kv, length, dim)
+    mask = torch.ones(batch, 1, 1, length + 6, dtype=torch.bool)  # a static cache's mask: longer than the keys given
+    mask[0, ..., :4] = False  # left padding of sequence 0
+    mask[:, ..., length:] = False
+    query = torch.randn(batch, kv * 4, 1, dim)
+    got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(module, query, key, value, mask[..., :length], scaling=dim**-0.5)
+    assert got.shape == want.shape == (batch, 1, kv * 4, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+    prefill = torch.randn(batch, kv * 4, 5, dim)  # several query positions: transformers' own path
+    got, _ = grouped_decode_sdpa(module, prefill, key, value, None, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(module, prefill, key, value, None, scaling=dim**-0.5)
+    assert torch.equal(got, want)
 
 
 def test_gpu_benchmark_script_measures_every_variant(tmp_path):

@@ -117,3 +117,5 @@ def test_every_subcommand_has_working_help(capsys):
     for name, parser in sub.choices.items():
         text = parser.format_help()
         assert name in text and "usage:" in text
+        assert "%%" not in text, f"{name}: a doubled percent sign shows in --help"
+    assert "95% intervals" in sub.choices["compare"].format_help()
