@@ -91,3 +91,12 @@ def test_config_from_params_and_errors(tmp_path):
         TrainConfig.from_params(None, {"prompt": {"view": "picture"}})
     with pytest.raises(ValueError, match="unknown field"):
         TrainConfig.from_params(None, {"learning_rat": 1e-5})
+
+
+def test_gradient_checkpointing_auto_follows_device_and_model_size():
+    from tasks.train import use_checkpointing
+
+    assert use_checkpointing("auto", "cuda", 4_000_000_000) is True  # Qwen3-4B: 16 x 512 does not fit without it
+    assert use_checkpointing("auto", "cuda", 135_000_000) is False  # the embedded model: 1.61x faster without
+    assert use_checkpointing("auto", "cpu", 4_000_000_000) is False
+    assert use_checkpointing(True, "cpu", 1) is True and use_checkpointing(False, "cuda", 10**10) is False
