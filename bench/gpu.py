@@ -19,7 +19,8 @@ Training (tokens/s of forward + backward + AdamW step on LoRA r=16 over all line
 
 - ``lm+ckpt``: next-token loss on every position with gradient checkpointing: the baseline's recipe;
 - ``grpo+ckpt`` / ``grpo``: GRPO's loss (log-probabilities of the 256 completion tokens only, weighted by advantages,
-  as TRL computes it with ``logits_to_keep``), with and without recomputation (``train.gradient_checkpointing``).
+  as TRL computes it with ``logits_to_keep``), with and without recomputation (``train.gradient_checkpointing``);
+- any of them ``+compile`` (``torch.compile`` of the LoRA model) and ``:BATCH`` (sequences per pass).
 
 MFU counts the model's FLOPs (2 x forward: LoRA's frozen weights need no weight gradients; recomputation not counted)
 against the card's dense bf16 peak. Writes JSON after every measurement (a crash keeps what ran) and prints a table last.
@@ -157,7 +158,8 @@ def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, 
     import torch
     from peft import LoraConfig, get_peft_model
 
-    ckpt = variant.endswith("+ckpt")
+    flags = set(variant.split("+")[1:])
+    ckpt = "ckpt" in flags
     peft_model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=LORA_TARGETS, lora_dropout=0.0,
                                                   task_type="CAUSAL_LM"))
     try:
@@ -170,12 +172,13 @@ def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, 
         ids = torch.randint(1, model.config.vocab_size, (batch, seq), generator=gen).to(device)
         advantages = torch.randn(batch, 1, generator=gen).to(device)
         keep = completion + 1
+        forward = torch.compile(peft_model) if "compile" in flags else peft_model
 
         def step() -> None:
             if variant.startswith("lm"):
-                loss = peft_model(input_ids=ids, labels=ids).loss
+                loss = forward(input_ids=ids, labels=ids).loss
             else:  # GRPO: log-probabilities of the completion tokens only, as TRL computes them (logits_to_keep)
-                logits = peft_model(input_ids=ids, logits_to_keep=keep).logits[:, :-1].float()
+                logits = forward(input_ids=ids, logits_to_keep=keep).logits[:, :-1].float()
                 targets = ids[:, -completion:]
                 logps = torch.gather(logits.log_softmax(-1), 2, targets.unsqueeze(-1)).squeeze(-1)
                 loss = -(advantages * logps).mean()
@@ -183,8 +186,10 @@ def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, 
             opt.step()
             opt.zero_grad(set_to_none=True)
 
-        step()  # warm-up
+        start = time.perf_counter()
+        step()  # warm-up (and compilation)
         sync(device)
+        warmup = time.perf_counter() - start
         if device.startswith("cuda"):
             torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
@@ -203,7 +208,7 @@ def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, 
     model_flops = 2 * forward_flops_per_token(arch, seq) * tok_s
     mem = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else None
     return {"part": "train", "variant": variant, "batch": batch, "seq": seq, "completion": completion,
-            "seconds_per_step": seconds, "tokens": tokens, "tok_per_s": tok_s, "model_tflops": model_flops / 1e12,
+            "seconds_per_step": seconds, "warmup_s": warmup, "tokens": tokens, "tok_per_s": tok_s, "model_tflops": model_flops / 1e12,
             "mfu": model_flops / peak if peak else None, "peak_mem_gib": mem}
 
 
@@ -241,10 +246,10 @@ def table(report: dict[str, Any]) -> str:
     for arch, rows in report["results"].items():
         base = {}
         lines.append(f"\n{arch}")
-        lines.append(f"{'part':<8} {'variant':<10} {'shape':>10} {'tok/s':>10} {'vs base':>8} {'warmup s':>9} {'MFU':>6} {'mem GiB':>8}")
+        lines.append(f"{'part':<8} {'variant':<18} {'shape':>10} {'tok/s':>10} {'vs base':>8} {'warmup s':>9} {'MFU':>6} {'mem GiB':>8}")
         for r in rows:
             if "error" in r:
-                lines.append(f"{r['part']:<8} {r['variant']:<10} {r.get('shape', ''):>10}  error: {r['error']}")
+                lines.append(f"{r['part']:<8} {r['variant']:<18} {r.get('shape', ''):>10}  error: {r['error']}")
                 continue
             shape = f"{r['batch']}x{r.get('seq', r.get('prompt_len', 0) + r.get('new_tokens', 0))}"
             key = r["part"]
@@ -256,7 +261,7 @@ def table(report: dict[str, Any]) -> str:
             mfu = f"{r['mfu']:.0%}" if r.get("mfu") is not None else "-"
             mem = f"{r['peak_mem_gib']:.1f}" if r.get("peak_mem_gib") is not None else "-"
             warm = f"{r['warmup_s']:.1f}" if "warmup_s" in r else "-"
-            lines.append(f"{r['part']:<8} {r['variant']:<10} {shape:>10} {r['tok_per_s']:>10.0f} {ratio:>8} {warm:>9} {mfu:>6} {mem:>8}")
+            lines.append(f"{r['part']:<8} {r['variant']:<18} {shape:>10} {r['tok_per_s']:>10.0f} {ratio:>8} {warm:>9} {mfu:>6} {mem:>8}")
     return "\n".join(lines)
 
 
@@ -276,7 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
                         help="for the static variant; inductor falls back to cudagraphs if it cannot build")
-    parser.add_argument("--train", default="lm+ckpt,grpo+ckpt,grpo", help="training variants, in order")
+    parser.add_argument("--train", default="lm+ckpt,grpo+ckpt,grpo", help="training variants, in order: 'lm' (next-token "
+                        "loss) or 'grpo', with '+ckpt' (recompute activations) and/or '+compile' (torch.compile), and "
+                        "optionally ':BATCH' (default --train-batch), e.g. grpo+compile:8")
     parser.add_argument("--train-batch", type=int, default=16)
     parser.add_argument("--train-seq", type=int, default=512)
     parser.add_argument("--train-completion", type=int, default=256)
@@ -325,8 +332,11 @@ def main(argv: list[str] | None = None) -> int:
                     if variant == "static":
                         reset_compiled(model, device)
                 else:
-                    row = train_variant(model, arch, device, item, args.train_batch, args.train_seq, args.train_completion,
-                                        args.train_steps, peak)
+                    variant, _, batch = item.partition(":")
+                    if variant.split("+")[0] not in ("lm", "grpo") or set(variant.split("+")[1:]) - {"ckpt", "compile"}:
+                        parser.error(f"--train: bad variant {item!r} (lm or grpo, with +ckpt and/or +compile, then :BATCH)")
+                    row = train_variant(model, arch, device, variant, int(batch or args.train_batch), args.train_seq,
+                                        args.train_completion, args.train_steps, peak)
             except Exception as e:  # noqa: BLE001 - record it and go on: a benchmark run is expensive
                 traceback.print_exc()
                 row = {"part": part, "variant": item, "error": f"{type(e).__name__}: {str(e)[:300]}"}

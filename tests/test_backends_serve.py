@@ -110,12 +110,13 @@ def test_gpu_benchmark_script_measures_every_variant(tmp_path):
     out = tmp_path / "gpu.json"
     gpu.main(["--archs", "tiny", "--device", "cpu", "--dtype", "float32", "--rollout", "plain:2,dynamic:2,static:3",
               "--prompt-len", "8", "--new-tokens", "4", "--train-batch", "2", "--train-seq", "16", "--train-completion", "8",
-              "--train-steps", "1", "--json", str(out)])
+              "--train", "lm+ckpt,grpo+ckpt,grpo:3", "--train-steps", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["results"]["tiny"]
     assert [(r["part"], r["variant"]) for r in rows] == [("rollout", "plain"), ("rollout", "dynamic"), ("rollout", "static"),
                                                         ("train", "lm+ckpt"), ("train", "grpo+ckpt"), ("train", "grpo")]
     assert all("error" not in r and r["tok_per_s"] > 0 for r in rows)
     assert [r["tokens"] for r in rows[:3]] == [8, 8, 12]  # rows x new tokens: nothing stopped early
+    assert [r["batch"] for r in rows[3:]] == [2, 2, 3]
     assert gpu.forward_flops_per_token("qwen3-4b", 512) / 2 == pytest.approx(4.0e9, rel=0.05)  # ~4B weights in matmuls
 
 
