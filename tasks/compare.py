@@ -101,6 +101,12 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict
             for arm, ms in values.items()}
 
 
+def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> list[str]:
+    """Planned experiments with no benchmark metrics among ``records`` (not run, failed, or run from another commit)."""
+    found = {rec["name"] for rec in records if last_stage_bench(rec["metrics"]) is not None}
+    return [item["name"] for item in plan if item["name"] not in found]
+
+
 def render(table: dict[str, Any]) -> str:
     keys = sorted({k for arm in table.values() for k in arm["metrics"]})
     lines = ["| engineer | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
@@ -139,7 +145,13 @@ def run(args: argparse.Namespace) -> int:
         if args.run:
             run_plan(plan, args.repo, parse_overrides(args.set))
         shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=tool_env(), capture_output=True, text=True, check=True)
-        table = aggregate(experiment_records(json.loads(shown.stdout)), plan)
+        records = experiment_records(json.loads(shown.stdout))
+        table = aggregate(records, plan)
+        absent = missing(records, plan)
+        if absent:
+            print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
+                  "started from (a commit made during a comparison hides the earlier ones; `dvc exp list -A` lists all); "
+                  "run them again with --run", file=sys.stderr)
     except (ValueError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

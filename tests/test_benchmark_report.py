@@ -11,7 +11,7 @@ from envgen.generator import draw_instance
 from envgen.planners import independent_plan, prioritized_plan
 from envgen.simulate import Valid, check_plan
 from tasks.benchmark import BenchmarkSettings, build_benchmark, cell_table, check_disjoint, evaluate, reference_rows, render_table
-from tasks.compare import aggregate, experiment_plan, experiment_records, mean_ci, render
+from tasks.compare import aggregate, experiment_plan, experiment_records, mean_ci, missing, render
 from tasks.report import build_report
 
 
@@ -109,6 +109,10 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert table["heuristic"]["seeds"] == [0, 1, 2]
     assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.2)  # last stage only
     assert "heuristic | 3 |" in render(table)
+    assert missing(experiment_records(show), plan) == []
+    partial = experiment_records(show)[1:]  # e.g. cmp-heuristic-s0 ran from an earlier commit
+    assert missing(partial, plan) == ["cmp-heuristic-s0"]
+    assert aggregate(partial, plan)["heuristic"]["seeds"] == [1, 2]
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
