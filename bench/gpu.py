@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import platform
 import shutil
 import sys
@@ -41,6 +40,8 @@ from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from envgen.files import atomic_write_text  # noqa: E402
 
 ARCHS: dict[str, dict[str, Any]] = {
     "qwen3-4b": {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
@@ -99,15 +100,15 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def reset_compiled(model: Any, device: str) -> None:
+def release(model: Any, device: str) -> None:
+    """Forget the compiled decode step and give cached GPU memory back before the next variant."""
     import gc
 
     import torch
 
-    for attr in ("_compiled_call", "_last_compile_config"):
-        if hasattr(model, attr):
-            setattr(model, attr, None)
-    torch.compiler.reset()
+    from policy.backends import forget_compiled
+
+    forget_compiled(model)
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -135,7 +136,7 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
         backend = TransformersBackend.from_loaded(loaded, batch_size=batch, cache=variant, compile_backend=compile_backend)
 
         def run(p: SamplingParams):
-            return backend.generate_ids(ids, mask, 1, p, seed=0)[0]
+            return backend.generate_ids(ids, mask, 1, p, seed=0)[0]  # falls back from a compiler that cannot build
     start = time.perf_counter()
     # A full-length warm-up: a short one leaves the allocator to grow during the timed run (measured on an H100: the
     # first batch-256 run of a process at half the speed of the next), and the static variant compiles for this cache
@@ -150,7 +151,7 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
     tokens = int(new.shape[0] * new.shape[1])
     return {"part": "rollout", "variant": variant, "batch": batch, "prompt_len": prompt_len, "new_tokens": int(new.shape[1]),
             "seconds": seconds, "warmup_s": warmup, "tokens": tokens, "tok_per_s": tokens / seconds,
-            "compile_backend": compile_backend if variant == "static" else None}
+            "compile_backend": backend.compile_backend if variant == "static" else None}
 
 
 def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, seq: int, completion: int,
@@ -232,15 +233,6 @@ def environment(device: str) -> dict[str, Any]:
     return info
 
 
-def write_json(path: Path | None, report: dict[str, Any]) -> None:
-    if path is None:
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=2))
-    os.replace(tmp, path)
-
-
 def table(report: dict[str, Any]) -> str:
     lines = [f"card: {report['env'].get('card')}  torch {report['env']['torch']}  transformers {report['env']['transformers']}"]
     for arch, rows in report["results"].items():
@@ -280,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
-                        help="for the static variant; inductor falls back to cudagraphs if it cannot build")
+                        help="for the static variant; the backend falls back to cudagraphs, then eager, if it cannot build")
     parser.add_argument("--train", default="lm+ckpt,grpo+ckpt,grpo", help="training variants, in order: 'lm' (next-token "
                         "loss) or 'grpo', with '+ckpt' (recompute activations) and/or '+compile' (torch.compile), and "
                         "optionally ':BATCH' (default --train-batch), e.g. grpo+compile:8")
@@ -309,7 +301,6 @@ def main(argv: list[str] | None = None) -> int:
         model = build_model(arch, device, args.dtype)
         plan = [("rollout", v) for v in parse_list(args.rollout if index == 0 else args.small_arch_rollout)]
         plan += [("train", v) for v in parse_list(args.train)]
-        compile_backend = args.compile_backend
         for part, item in plan:
             if time.perf_counter() - t0 > args.budget_s:
                 rows.append({"part": part, "variant": item, "error": "skipped: over --budget-s"})
@@ -319,18 +310,10 @@ def main(argv: list[str] | None = None) -> int:
                     variant, batch = item.split(":")
                     if variant not in ("plain", "dynamic", "static"):
                         parser.error(f"--rollout: unknown variant {variant!r} (plain, dynamic, static)")
-                    try:
-                        row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens, compile_backend)
-                    except Exception as e:  # noqa: BLE001 - Triton/C compiler missing: CUDA graphs need no code generation
-                        if variant != "static" or compile_backend != "inductor" or not device.startswith("cuda"):
-                            raise
-                        print(f"[{arch}] inductor failed ({type(e).__name__}: {str(e)[:200]}); retrying with cudagraphs", flush=True)
-                        reset_compiled(model, device)
-                        compile_backend = "cudagraphs"
-                        row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens, compile_backend)
-                        row["note"] = f"inductor failed: {type(e).__name__}"
+                    row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens,
+                                          args.compile_backend)
                     if variant == "static":
-                        reset_compiled(model, device)
+                        release(model, device)
                 else:
                     variant, _, batch = item.partition(":")
                     if variant.split("+")[0] not in ("lm", "grpo") or set(variant.split("+")[1:]) - {"ckpt", "compile"}:
@@ -340,14 +323,15 @@ def main(argv: list[str] | None = None) -> int:
             except Exception as e:  # noqa: BLE001 - record it and go on: a benchmark run is expensive
                 traceback.print_exc()
                 row = {"part": part, "variant": item, "error": f"{type(e).__name__}: {str(e)[:300]}"}
-                reset_compiled(model, device)
+                release(model, device)
             row["arch"] = arch
             rows.append(row)
             print(json.dumps(row), flush=True)
             report["elapsed_s"] = time.perf_counter() - t0
-            write_json(args.json, report)
+            if args.json is not None:
+                atomic_write_text(args.json, json.dumps(report, indent=2))
+        release(model, device)
         del model
-        reset_compiled(SimpleNamespace(), device)
     print(table(report))
     return 0
 

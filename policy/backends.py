@@ -81,6 +81,16 @@ class Backend(Protocol):
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]: ...
 
 
+def forget_compiled(model: Any) -> None:
+    """Drop the decode step ``generate`` compiled for ``model`` (the next static-cache call compiles afresh)."""
+    import torch
+
+    for attr in ("_compiled_call", "_last_compile_config"):
+        if hasattr(model, attr):
+            delattr(model, attr)
+    torch.compiler.reset()
+
+
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     cuts = [text.index(s) + len(s) for s in stop if s and s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
@@ -181,22 +191,22 @@ class TransformersBackend:
         """Sample from left-padded token ids: returns the new tokens (``rows x new``; row ``i * n + j`` is sample ``j``
         of prompt ``i`` when sampling, one row per prompt when greedy) and the seconds it took."""
         tok, model = self.loaded.tokenizer, self.loaded.model
-        sample = params.temperature > 0
         previous = model.config._attn_implementation
         if self.static_cache and previous == "sdpa":  # no per-step copy of grouped keys/values (policy/attention.py)
             from policy.attention import register
 
             model.set_attn_implementation(register())
         try:
-            return self._generate_loop(model, tok, input_ids, attention_mask, n, params, seed, logits_processor, sample)
+            return self._generate_loop(model, tok, input_ids, attention_mask, n, params, seed, logits_processor)
         finally:
             if model.config._attn_implementation != previous:
                 model.set_attn_implementation(previous)
 
     def _generate_loop(self, model: Any, tok: Any, input_ids: Any, attention_mask: Any, n: int, params: SamplingParams,
-                       seed: int, logits_processor: Any, sample: bool) -> tuple[Any, float]:
+                       seed: int, logits_processor: Any) -> tuple[Any, float]:
         import torch
 
+        sample = params.temperature > 0
         t0 = time.perf_counter()
         while True:
             torch.manual_seed(seed)
@@ -219,10 +229,7 @@ class TransformersBackend:
                 warnings.warn(f"compiling the decode step with {self.compile_backend!r} failed ({type(e).__name__}: "
                               f"{str(e)[:200]}); falling back to {fallback!r}", RuntimeWarning, stacklevel=2)
                 self.compile_backend = fallback
-                for attr in ("_compiled_call", "_last_compile_config"):
-                    if hasattr(model, attr):
-                        delattr(model, attr)
-                torch.compiler.reset()
+                forget_compiled(model)
                 t0 = time.perf_counter()
         return ids[:, input_ids.shape[1]:], time.perf_counter() - t0
 
@@ -231,6 +238,7 @@ class TransformersBackend:
         tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
         pad = {"pad_to_multiple_of": self.pad_multiple} if self.static_cache else {}
+        sample = params.temperature > 0
         for k, start in enumerate(range(0, len(conversations), self.batch_size)):
             chunk = conversations[start : start + self.batch_size]
             texts = [self.prompt_text(c) for c in chunk]
@@ -240,7 +248,6 @@ class TransformersBackend:
             new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar)
             prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
             ends = {tok.pad_token_id, tok.eos_token_id}
-            sample = params.temperature > 0
             for i in range(len(chunk)):
                 gens = []
                 for j in range(n):  # greedy decoding makes one sequence per prompt: its n samples are copies
