@@ -114,8 +114,42 @@ def release(model: Any, device: str) -> None:
         torch.cuda.empty_cache()
 
 
+def profiled(profile: Path | None, name: str, device: str):
+    """A torch profiler around the timed run that writes ``profile/name.txt`` (top operators by GPU and by CPU time, and
+    how busy the GPU was), or a no-op context without ``profile``."""
+    import contextlib
+
+    if profile is None:
+        return contextlib.nullcontext()
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+
+    @contextlib.contextmanager
+    def run():
+        start = time.perf_counter()
+        with torch_profile(activities=activities) as prof:
+            yield
+        sync(device)
+        wall = time.perf_counter() - start
+        events = prof.key_averages()
+        # kernels only: ranges such as a compiled graph's call also carry the device time of the kernels they hold
+        gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
+        lines = [f"{name}: wall {wall:.2f} s under the profiler, GPU kernels {gpu_us / 1e6:.2f} s "
+                 f"({gpu_us / 1e6 / wall:.0%} of wall: the rest the GPU waits for the CPU)", "",
+                 events.table(sort_by="self_device_time_total" if len(activities) > 1 else "self_cpu_time_total",
+                              row_limit=30, max_name_column_width=60), "",
+                 events.table(sort_by="cpu_time_total", row_limit=20, max_name_column_width=60)]
+        profile.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(profile / f"{name}.txt", "\n".join(lines))
+        print(lines[0], flush=True)
+
+    return run()
+
+
 def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_len: int, new_tokens: int,
-                    compile_backend: str) -> dict[str, Any]:
+                    compile_backend: str, profile: Path | None = None, name: str = "") -> dict[str, Any]:
     import torch
 
     from policy.backends import SamplingParams, TransformersBackend
@@ -148,6 +182,8 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
     new = run(params)
     sync(device)
     seconds = time.perf_counter() - start
+    with profiled(profile, f"{name}rollout-{variant}-{batch}", device):  # a third run, after the timed one
+        run(params)
     tokens = int(new.shape[0] * new.shape[1])
     return {"part": "rollout", "variant": variant, "batch": batch, "prompt_len": prompt_len, "new_tokens": int(new.shape[1]),
             "seconds": seconds, "warmup_s": warmup, "tokens": tokens, "tok_per_s": tokens / seconds,
@@ -284,6 +320,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="rollout variants for archs other than the first (compiles are costly: keep it short)")
     parser.add_argument("--budget-s", type=float, default=480.0, help="skip what remains after this many seconds")
     parser.add_argument("--json", type=Path, default=None, help="write the results here (after every measurement)")
+    parser.add_argument("--profile", type=Path, default=None, help="also run each rollout variant once more under the "
+                        "torch profiler and write its operator tables to this folder (ARCH-rollout-VARIANT-BATCH.txt)")
     args = parser.parse_args(argv)
 
     import torch
@@ -292,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
     env = environment(device)
     peak = peak_flops(env.get("card", "")) if device.startswith("cuda") else None
     env["peak_bf16_tflops"] = peak / 1e12 if peak else None
-    report: dict[str, Any] = {"env": env, "settings": vars(args) | {"json": str(args.json)}, "results": {}}
+    report: dict[str, Any] = {"env": env, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": {}}
     t0 = time.perf_counter()
     for index, arch in enumerate(parse_list(args.archs)):
         if arch not in ARCHS:
@@ -311,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
                     if variant not in ("plain", "dynamic", "static"):
                         parser.error(f"--rollout: unknown variant {variant!r} (plain, dynamic, static)")
                     row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens,
-                                          args.compile_backend)
+                                          args.compile_backend, args.profile, f"{arch}-")
                     if variant == "static":
                         release(model, device)
                 else:

@@ -75,6 +75,19 @@ class TrainConfig(BaseModel):
                                                            "CUDA models of 1B parameters or more, off otherwise "
                                                            "(docs/benchmarks.md: 1.61x faster without it for the "
                                                            "embedded model's shape on an H100).")
+    grpo_generation: Literal["auto", "trl", "backend"] = Field("auto", description="Who samples GRPO's completions: "
+                                                               "'trl' (TRL's padded generate, or vLLM with use_vllm), "
+                                                               "'backend' (the project's transformers backend: static KV "
+                                                               "cache and compiled decode on CUDA; tasks/grpo_rollout.py), "
+                                                               "'auto' (backend on CUDA unless vLLM is used, else trl).")
+    continuous_batching: bool = Field(False, description="GRPO generates with transformers' continuous batching engine "
+                                      "(paged KV cache; TRL's use_transformers_continuous_batching) instead of padded "
+                                      "generate. Ignored with vLLM. Measured 1.4x slower on an H100 for the embedded "
+                                      "model's shape with full-length completions (docs/benchmarks.md).")
+    torch_compile: bool = Field(False, description="torch.compile the model for the training passes (TrainingArguments."
+                                "torch_compile). A training pass alone ran 1.7x faster compiled on an H100, but TRL "
+                                "pads each batch to its own length and every new length recompiles (about 100 s "
+                                "each): the compiled warm start had made 2 steps in 290 s (docs/benchmarks.md). Off.")
 
     @classmethod
     def from_params(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -188,7 +201,7 @@ def _common_args(config: TrainConfig, device: str, work: Path, model: Any) -> di
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
-            "dataloader_num_workers": 0}
+            "dataloader_num_workers": 0, "torch_compile": config.torch_compile}
 
 
 def warm_start(model, tok, rows, config: TrainConfig, work: Path) -> dict[str, Any]:
@@ -222,6 +235,16 @@ def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, A
     steps = max(1, math.ceil(config.trajectories / per_step))
     use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
     extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}
+    if config.continuous_batching and not use_vllm:
+        extra["use_transformers_continuous_batching"] = True
+    rollout_func = None
+    if use_backend_generation(config.grpo_generation, device, use_vllm):
+        from tasks.grpo_rollout import backend_rollout, longest_prompt
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+        rollout_func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length,
+                                       temperature=config.temperature, top_p=1.0, seed=config.seed,
+                                       prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
     micro = math.gcd(per_step, config.micro_batch_size)
     args = GRPOConfig(**_common_args(config, device, work / "grpo", model), per_device_train_batch_size=micro,
                       gradient_accumulation_steps=per_step // micro,
@@ -230,11 +253,20 @@ def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, A
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)
     reward = RecordingReward(config.reward)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
-                          processing_class=tok)
+                          processing_class=tok, rollout_func=rollout_func)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    return summarize_grpo(reward.rows, steps, seconds, use_vllm), reward.rows
+    metrics = summarize_grpo(reward.rows, steps, seconds, use_vllm)
+    metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
+    return metrics, reward.rows
+
+
+def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
+    """Whether GRPO samples through the project's backend: the setting, or for 'auto' CUDA without vLLM."""
+    if setting == "auto":
+        return device == "cuda" and not use_vllm
+    return setting == "backend"
 
 
 def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_vllm: bool) -> dict[str, Any]:

@@ -72,8 +72,9 @@ def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend)
 
 
 def test_grouped_decode_attention_equals_transformers_sdpa():
-    """One decoded token against a masked cache: the packed grouped-query attention gives transformers' SDPA result
-    (which copies keys and values per head group) for every head; other shapes are passed through unchanged."""
+    """One decoded token against a masked cache (boolean or additive): the packed grouped-query attention gives
+    transformers' SDPA result (which copies keys and values per head group) for every head; other shapes are passed
+    through unchanged."""
     import torch
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -91,6 +92,9 @@ def test_grouped_decode_attention_equals_transformers_sdpa():
     got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
     want, _ = sdpa_attention_forward(module, query, key, value, mask[..., :length], scaling=dim**-0.5)
     assert got.shape == want.shape == (batch, 1, kv * 4, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # a float mask, same meaning
+    got, _ = grouped_decode_sdpa(module, query, key, value, additive, scaling=dim**-0.5)
     assert torch.allclose(got, want, atol=1e-5)
     prefill = torch.randn(batch, kv * 4, 5, dim)  # several query positions: transformers' own path
     got, _ = grouped_decode_sdpa(module, prefill, key, value, None, scaling=dim**-0.5)

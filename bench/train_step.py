@@ -1,0 +1,92 @@
+"""The train step (``tasks.train.train``: TRL SFT warm start, then TRL GRPO) on a randomly initialised model of a real
+shape, once per variant: seconds of each phase. A script, not a test.
+
+    python bench/train_step.py --arch smollm2-135m --tokenizer TOK_DIR --instances stage.parquet [--json out.json]
+
+``bench/gpu.py`` measures the training pass alone; this measures what a stage costs through the trainers (data
+collation, generation inside GRPO, recompilation when batch shapes change). Random weights write no parseable plan,
+so rewards are 0: only time is measured. The tokenizer folder must match the architecture's vocabulary (the embedded
+model's for ``smollm2-135m``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project before bench/ (bench/envgen.py is a script)
+sys.path.append(str(Path(__file__).resolve().parent))
+
+from envgen.files import atomic_write_text  # noqa: E402
+
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "trl": {"grpo_generation": "trl"},  # TRL's padded generate, eager training: the baseline
+    "backend": {"grpo_generation": "backend"},  # GRPO samples through the project's static, compiled path
+    "compile": {"grpo_generation": "trl", "torch_compile": True},
+    "continuous": {"grpo_generation": "trl", "continuous_batching": True},
+}
+"""Train-step settings compared, by name."""
+
+
+def save_random_model(arch: str, tokenizer: Path, out: Path) -> Path:
+    """Write a randomly initialised ``arch`` model (bench/gpu.py's shapes) with ``tokenizer`` to ``out``."""
+    from gpu import build_model
+    from transformers import AutoTokenizer
+
+    model = build_model(arch, "cpu", "float32")
+    model.generation_config.eos_token_id = None
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", default="smollm2-135m", help="a bench/gpu.py architecture")
+    parser.add_argument("--tokenizer", type=Path, required=True, help="tokenizer folder matching the architecture")
+    parser.add_argument("--instances", type=Path, required=True, help="a stage's instances (Parquet)")
+    parser.add_argument("--sft-examples", type=int, default=2048)
+    parser.add_argument("--trajectories", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=32, help="completions per GRPO pass (memory)")
+    parser.add_argument("--variants", default="trl,backend", help="in order: 'trl' (TRL's own generation, eager: the "
+                        "baseline), 'backend' (train.grpo_generation: backend), 'compile' (train.torch_compile), "
+                        "'continuous' (train.continuous_batching)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    from tasks.train import TrainConfig, train
+
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = save_random_model(args.arch, args.tokenizer, Path(tmp) / "model")
+        for variant in args.variants.split(","):
+            if variant not in VARIANTS:
+                parser.error(f"--variants: unknown {variant!r}; choose from {sorted(VARIANTS)}")
+            config = TrainConfig(model=str(model_dir), sft_max_examples=args.sft_examples, sft_batch_size=32,
+                                 trajectories=args.trajectories, num_generations=8, prompts_per_step=4,
+                                 micro_batch_size=args.micro_batch, max_completion_length=160, **VARIANTS[variant])
+            out = Path(tmp) / f"run-{variant}"
+            start = time.perf_counter()
+            metrics = train(args.instances, out / "adapter", out / "c.parquet", out / "m.json", config)
+            row = {"arch": args.arch, "variant": variant, "wall_s": time.perf_counter() - start,
+                   "sft_s": metrics.get("sft/seconds"), "sft_steps": metrics.get("sft/steps"),
+                   "grpo_s": metrics.get("train/seconds"), "grpo_steps": metrics.get("train/steps")}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.json is not None:
+                atomic_write_text(args.json, json.dumps(rows, indent=2))
+    print(f"\n{'variant':<14} {'wall s':>8} {'SFT s':>8} {'SFT steps':>10} {'GRPO s':>8} {'GRPO steps':>11}")
+    for r in rows:
+        print(f"{r['variant']:<14} {r['wall_s']:>8.1f} {r['sft_s'] or 0:>8.1f} {r['sft_steps'] or 0:>10} "
+              f"{r['grpo_s'] or 0:>8.1f} {r['grpo_steps'] or 0:>11}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
