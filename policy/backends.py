@@ -103,7 +103,8 @@ class TransformersBackend:
     Args:
         cache: ``"static"`` preallocates the KV cache, which lets ``generate`` compile the decode step into CUDA graphs
             (the per-token Python and kernel-launch overhead goes away: the bulk of a step at any batch size on a GPU);
-            prompts are left-padded to a multiple of ``pad_multiple`` so few shapes compile. ``"dynamic"`` grows the
+            every batch of a ``generate`` call is left-padded to the call's longest prompt (rounded up to a multiple of
+            ``pad_multiple``) and its last batch filled up, so a call compiles one shape. ``"dynamic"`` grows the
             cache step by step (no compilation; best on CPU). ``"auto"``: static on CUDA, dynamic elsewhere.
         compile_backend: the ``torch.compile`` backend for the static decode step: ``"inductor"`` (needs Triton and a
             C compiler), ``"cudagraphs"`` (CUDA graphs only, no code generation) or ``"none"`` (static cache, eager).
@@ -237,12 +238,21 @@ class TransformersBackend:
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
         tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
-        pad = {"pad_to_multiple_of": self.pad_multiple} if self.static_cache else {}
+        texts_all = [self.prompt_text(c) for c in conversations]
+        pad: dict[str, Any] = {"padding": True}
+        several = len(conversations) > self.batch_size
+        if self.static_cache:
+            # One shape per call, so the decode step compiles once (each new shape costs a compilation, 30-80 s on an
+            # H100): every batch padded to the call's longest prompt (rounded up to pad_multiple) ...
+            longest = max((len(ids) for ids in tok(texts_all, add_special_tokens=False)["input_ids"]), default=1)
+            pad = {"padding": "max_length", "max_length": -(-longest // self.pad_multiple) * self.pad_multiple}
         sample = params.temperature > 0
         for k, start in enumerate(range(0, len(conversations), self.batch_size)):
             chunk = conversations[start : start + self.batch_size]
-            texts = [self.prompt_text(c) for c in chunk]
-            enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False, **pad).to(self.loaded.device)
+            texts = texts_all[start : start + self.batch_size]
+            if self.static_cache and several and len(texts) < self.batch_size:
+                texts = texts + [texts[-1]] * (self.batch_size - len(texts))  # ... and the last batch filled up
+            enc = tok(texts, return_tensors="pt", add_special_tokens=False, **pad).to(self.loaded.device)
             seed = params.seed + k
             grammar = self._logits_processor(params.json_schema)
             new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar)

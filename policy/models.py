@@ -68,9 +68,15 @@ def embedded_model_dir() -> Path:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / _DONE).write_text(f"converted from {gguf} (dequantized Q4_1 -> float32); original: {EMBEDDED_ID}\n")
+        if (target / _DONE).exists():  # another process (a parallel job) finished first: use theirs, never swap it
+            return target
         if target.exists():
             shutil.rmtree(target)
-        os.replace(tmp, target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / _DONE).exists():
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -5,7 +5,8 @@
 -S engineer.seed=...``): every knob but the engineer and the seed is the workspace's, so budgets are equal. Without
 ``--run`` it only collects the experiments already there. ``--contexts`` compares context variants of the ``policy``
 engineer instead (the paper's ablation). The aggregate is over each experiment's last stage's benchmark metrics
-(``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``): mean and a 95% t-interval across seeds.
+(``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``) and its validation rates (``val/valid``, ``val/optimal``): mean
+and a 95% t-interval across seeds.
 
 ``--without-dvc FOLDER`` runs the same plan as run folders with ``env-engineer run-stages`` (``tasks/stages.py``), for
 machines without DVC, such as a GPU worker; the table is computed the same way.
@@ -68,22 +69,61 @@ def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | Non
             raise RuntimeError(f"{' '.join(args)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
+def waves(plan: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The plan in two waves: the first experiment of each seed, then the rest, so that the stages every engineer of a
+    seed shares (everything before the first engineer's decision) run once and are reused from the stage cache."""
+    first: dict[Any, dict[str, Any]] = {}
+    for item in plan:
+        first.setdefault(item["seed"], item)
+    rest = [item for item in plan if first[item["seed"]] is not item]
+    return [w for w in (list(first.values()), rest) if w]
+
+
 def run_folders(plan: list[dict[str, Any]], repo: Path, root: Path, extra: dict[str, Any], run: bool,
-                validate: bool) -> list[dict[str, Any]]:
+                validate: bool, jobs: int = 1, devices: list[str] | None = None) -> list[dict[str, Any]]:
     """The plan as run folders ``root/<name>`` (``env-engineer run-stages``; run first with ``run``, resuming any
     folder left unfinished; identical stages, such as those before the engineers' first decision for one seed, run
-    once through ``root/.stage-cache``), and their records in :func:`experiment_records`' shape."""
+    once through ``root/.stage-cache``), and their records in :func:`experiment_records`' shape.
+
+    ``jobs`` experiments run at once, each on its own device from ``devices`` (``CUDA_VISIBLE_DEVICES`` values; default
+    0..jobs-1); a failed experiment is reported and the others go on."""
+    import queue
+    from concurrent.futures import ThreadPoolExecutor
+
     from tasks.stages import folder_record, run_stages
 
-    records = []
-    for item in plan:
-        folder = root / item["name"]
-        if run:
-            print(f"running experiment {item['name']} in {folder}", flush=True)
-            run_stages(repo.resolve(), folder.resolve(), {**item["set"], **extra}, validate=validate,
-                       cache=(root / ".stage-cache").resolve())
-        if (folder / "params.yaml").exists():
-            records.append(folder_record(item["name"], folder))
+    if jobs < 1:
+        raise ValueError(f"--jobs {jobs}: must be at least 1")
+    devices = devices or [str(i) for i in range(jobs)]
+    if len(devices) < jobs:
+        raise ValueError(f"--devices {','.join(devices)}: fewer than --jobs {jobs}")
+    free: queue.Queue[str] = queue.Queue()
+    for device in devices[:jobs]:
+        free.put(device)
+    failures: list[str] = []
+
+    def one(item: dict[str, Any]) -> None:
+        device = free.get()
+        try:
+            print(f"running experiment {item['name']} in {root / item['name']}"
+                  + (f" on device {device}" if jobs > 1 else ""), flush=True)
+            env = {"CUDA_VISIBLE_DEVICES": device} if jobs > 1 else None
+            run_stages(repo.resolve(), (root / item["name"]).resolve(), {**item["set"], **extra}, validate=validate,
+                       cache=(root / ".stage-cache").resolve(), env=env)
+        except (RuntimeError, ValueError, KeyError, OSError) as e:
+            failures.append(f"{item['name']}: {e}")
+            print(f"experiment {item['name']} failed: {e}", file=sys.stderr, flush=True)
+        finally:
+            free.put(device)
+
+    if run:
+        for wave in waves(plan):
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(one, wave))
+    records = [folder_record(item["name"], root / item["name"]) for item in plan
+               if (root / item["name"] / "params.yaml").exists()]
+    if failures:
+        print(f"{len(failures)} experiments failed (rerun with --run to resume them)", file=sys.stderr)
     return records
 
 
@@ -101,10 +141,20 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def last_stage_bench(metrics: dict[str, dict[str, Any]]) -> dict[str, float] | None:
+    """The last stage's benchmark Sums (``acc/<A>_agents``, ``opt/<A>_agents``) plus its held-out two-agent validation
+    rates (``val/valid``, ``val/optimal``: the training distribution's own test, where small budgets already show), or
+    None when no stage has benchmark metrics."""
     stages = [(int(m.group(1)), path) for path in metrics if (m := re.search(r"stages/(\d+)/benchmark_metrics\.json$", path))]
     if not stages:
         return None
-    return metrics[max(stages)[1]].get("bench")
+    stage, path = max(stages)
+    out = dict(metrics[path].get("bench") or {})
+    validation = next((m.get("validation") for p, m in metrics.items()
+                       if re.search(rf"stages/{stage}/validation_metrics\.json$", p)), None)
+    for key in ("valid", "optimal"):
+        if validation and validation.get(key) is not None:
+            out[f"val/{key}"] = validation[key]
+    return out
 
 
 def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict[str, Any]:
@@ -138,7 +188,8 @@ def render(table: dict[str, Any]) -> str:
             m = row["metrics"].get(k)
             cells.append("" if m is None else f"{100 * m['mean']:.1f} ± {100 * m['ci95']:.1f}")
         lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage, benchmark).\n"
+    return "\n".join(lines) + ("\n\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage; acc/opt: "
+                                "benchmark Sums per agent count, val: the two-agent validation set).\n")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +203,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="run and collect the experiments as run folders FOLDER/<name> with `env-engineer "
                         "run-stages` instead of DVC experiments (machines without DVC)")
     parser.add_argument("--no-validate", action="store_true", help="with --without-dvc: skip great-expectations checks")
+    parser.add_argument("--jobs", type=int, default=1, help="with --without-dvc: experiments at once, one GPU each")
+    parser.add_argument("--devices", default=None, help="with --jobs: CUDA_VISIBLE_DEVICES values, comma-separated "
+                        "(default 0..jobs-1)")
     parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
 
@@ -169,7 +223,9 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"unknown engineer/context {bad}; engineers {sorted(ENGINEERS)}, contexts {sorted(CONTEXTS)}")
         plan = experiment_plan(engineers, seeds, contexts)
         if args.without_dvc is not None:
-            records = run_folders(plan, args.repo, args.without_dvc, parse_overrides(args.set), args.run, not args.no_validate)
+            devices = [d.strip() for d in args.devices.split(",")] if args.devices else None
+            records = run_folders(plan, args.repo, args.without_dvc, parse_overrides(args.set), args.run,
+                                  not args.no_validate, args.jobs, devices)
         else:
             if args.run:
                 run_plan(plan, args.repo, parse_overrides(args.set))

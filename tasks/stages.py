@@ -22,6 +22,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,12 +183,15 @@ def _store(cache: Path, key: str, folder: Path, stage: Stage) -> None:
     final = cache / key
     if final.exists():
         return
-    work = cache / f".{key}.{os.getpid()}"
+    work = cache / f".{key}.{os.getpid()}.{threading.get_ident()}"
     shutil.rmtree(work, ignore_errors=True)
     for out in stage.outs:
         if (folder / out).exists():
             _copy(folder / out, work / out)
-    os.replace(work, final)
+    try:
+        os.replace(work, final)
+    except OSError:  # another run stored the same stage meanwhile: keep theirs
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _shim(folder: Path) -> dict[str, str]:
@@ -206,12 +210,14 @@ def _shim(folder: Path) -> dict[str, str]:
 
 
 def run_stages(repo: Path, folder: Path, overrides: dict[str, Any] | None = None, validate: bool = True,
-               until: str | None = None, cache: Path | None = None) -> list[dict[str, Any]]:
+               until: str | None = None, cache: Path | None = None,
+               env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run ``repo``'s pipeline in ``folder`` (created; ``params.yaml`` written there with ``overrides``); returns one
     record per stage (name, seconds, skipped, cached). A failing command raises with its output's tail, the log kept
     in ``folder/logs``. With ``cache``, a stage whose command, dependencies and declared parameters match an earlier
     run's (in any folder sharing that cache) gets that run's outputs copied instead of running (DVC's run-cache idea:
-    the stages before an engineer's first decision are shared by every engineer of a seed)."""
+    the stages before an engineer's first decision are shared by every engineer of a seed). ``env``: extra environment
+    variables for the commands (``CUDA_VISIBLE_DEVICES``)."""
     folder.mkdir(parents=True, exist_ok=True)
     params = set_params(yaml.safe_load((repo / "params.yaml").read_text()) or {}, overrides or {})
     written = folder / "params.yaml"
@@ -223,7 +229,7 @@ def run_stages(repo: Path, folder: Path, overrides: dict[str, Any] | None = None
     stages = order(load_stages(folder / "dvc.yaml", params))
     if until is not None and until not in {s.name for s in stages}:
         raise ValueError(f"--until {until!r}: no such stage; stages: {', '.join(s.name for s in stages)}")
-    env = _shim(folder)
+    env = {**_shim(folder), **(env or {})}
     (folder / "logs").mkdir(exist_ok=True)
     (folder / ".done").mkdir(exist_ok=True)
     records = []

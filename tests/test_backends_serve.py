@@ -71,6 +71,24 @@ def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend)
         TransformersBackend.from_loaded(tiny_backend.loaded, colour="red")
 
 
+def test_static_cache_gives_every_batch_of_a_call_one_shape(tiny_backend, monkeypatch):
+    """With the static cache every batch of a call has the same shape (the longest prompt, rounded up; the last batch
+    filled up), so the decode step compiles once per call; answers equal the dynamic cache's, extras dropped."""
+    from policy.backends import TransformersBackend
+
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    convs = [CONVS[0], build_messages(Instance(("FFF", "FHF", "FFF"), ((0, 0), (2, 2)), ((2, 2), (0, 0)))), CONVS[1]]
+    dynamic = tiny_backend.generate(convs, 1, greedy)
+    static = TransformersBackend.from_loaded(tiny_backend.loaded, batch_size=2, cache="static", compile_backend="none",
+                                             pad_multiple=16)
+    shapes = []
+    original = static.generate_ids
+    monkeypatch.setattr(static, "generate_ids", lambda ids, *a, **k: shapes.append(tuple(ids.shape)) or original(ids, *a, **k))
+    out = static.generate(convs, 1, greedy)
+    assert len(shapes) == 2 and shapes[0] == shapes[1] and shapes[0][0] == 2 and shapes[0][1] % 16 == 0
+    assert len(out) == 3 and [g[0].text for g in out] == [g[0].text for g in dynamic]
+
+
 def test_grouped_decode_attention_equals_transformers_sdpa():
     """One decoded token against a masked cache (boolean or additive): the packed grouped-query attention gives
     transformers' SDPA result (which copies keys and values per head group) for every head; other shapes are passed

@@ -11,7 +11,7 @@ from envgen.generator import draw_instance
 from envgen.planners import independent_plan, prioritized_plan
 from envgen.simulate import Valid, check_plan
 from tasks.benchmark import BenchmarkSettings, build_benchmark, cell_table, check_disjoint, evaluate, reference_rows, render_table
-from tasks.compare import aggregate, experiment_plan, experiment_records, mean_ci, missing, render
+from tasks.compare import aggregate, experiment_plan, experiment_records, last_stage_bench, mean_ci, missing, render, waves
 from tasks.report import build_report
 
 
@@ -113,6 +113,12 @@ def test_comparison_aggregate_with_confidence_intervals():
     partial = experiment_records(show)[1:]  # e.g. cmp-heuristic-s0 ran from an earlier commit
     assert missing(partial, plan) == ["cmp-heuristic-s0"]
     assert aggregate(partial, plan)["heuristic"]["seeds"] == [1, 2]
+    records = experiment_records(show)
+    records[0]["metrics"]["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.25, "optimal": 0.125}}
+    assert last_stage_bench(records[0]["metrics"]) == {"acc/3_agents": pytest.approx(0.1), "val/valid": 0.25,
+                                                       "val/optimal": 0.125}
+    first, rest = waves(plan)  # the first experiment of every seed first: the rest reuse its shared stages
+    assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
@@ -174,7 +180,8 @@ def test_compare_without_dvc_runs_and_collects_run_folders(tmp_path):
 
     repo = tmp_path / "repo"
     repo.mkdir()
-    script = ("import json, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); "
+    script = ("import json, os, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); "
+              "pathlib.Path('device.txt').write_text(os.environ.get('CUDA_VISIBLE_DEVICES', '')); "
               "v = p['train']['seed'] / 10 + (0.5 if p['engineer']['engineer'] == 'heuristic' else 0); "
               "pathlib.Path('data/stages/1/benchmark_metrics.json').write_text(json.dumps({'bench': {'acc/3_agents': v}}))")
     (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"bench": {
@@ -185,7 +192,8 @@ def test_compare_without_dvc_runs_and_collects_run_folders(tmp_path):
     runs, out_json = tmp_path / "runs", tmp_path / "c.json"
     args = ["compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0,1,2", "--without-dvc",
             str(runs), "--out-json", str(out_json), "--out-md", str(tmp_path / "c.md")]
-    assert main(args + ["--run"]) == 0
+    assert main(args + ["--run", "--jobs", "2", "--devices", "5,7"]) == 0
+    assert {(runs / f"cmp-{e}-s{k}" / "device.txt").read_text() for e in ("fixed", "heuristic") for k in (0, 1, 2)} <= {"5", "7"}
     table = json.loads(out_json.read_text())
     assert table["fixed"]["seeds"] == [0, 1, 2] and table["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.1)
     assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.6)

@@ -33,7 +33,7 @@ def test_params_is_the_cpu_preset():
     assert (ROOT / "params.yaml").read_text() == (ROOT / "presets" / "cpu.yaml").read_text()
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu"])
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "gpu-embedded"])
 def test_presets_are_valid(preset):
     path = ROOT / "presets" / f"{preset}.yaml"
     params = yaml.safe_load(path.read_text())
@@ -46,5 +46,8 @@ def test_presets_are_valid(preset):
     assert [s["stage"] for s in stages] == list(range(len(stages)))
     assert stages[0]["prev"] == "init" and all(s["next"] == s["stage"] + 1 for s in stages)
     assert all(b["prev"] == a["stage"] for a, b in zip(stages, stages[1:]))
+    if preset == "gpu-embedded":  # the comparison's stage 0 must differ from the CPU default's only in scale
+        cpu = yaml.safe_load((ROOT / "presets" / "cpu.yaml").read_text())
+        assert params["train"]["model"] == "embedded" and params["engineer"] == {**cpu["engineer"], "threads": None}
     if preset == "gpu":
         assert len(stages) == 4 and params["train"]["trajectories"] == 4000 and params["train"]["model"] == "Qwen/Qwen3-4B"

