@@ -82,8 +82,14 @@ def load_stages(dvc_yaml: Path, params: dict[str, Any]) -> list[Stage]:
     """Every stage of ``dvc_yaml``, foreach stages expanded and named as DVC names them (``name@0`` for the first item
     of a list of mappings, ``name@key`` for a mapping or a list of scalars)."""
     spec = yaml.safe_load(dvc_yaml.read_text()) or {}
+    if "vars" in spec:
+        raise ValueError(f"{dvc_yaml}: top-level 'vars' is not supported by run-stages (only params.yaml is read); "
+                         "move those values into params.yaml")
     stages: list[Stage] = []
     for name, body in (spec.get("stages") or {}).items():
+        if "wdir" in body or "wdir" in (body.get("do") or {}):
+            raise ValueError(f"{dvc_yaml}: stage {name} sets 'wdir', which run-stages does not support; "
+                             "run commands from the pipeline's folder")
         items = [(None, None)]
         if "foreach" in body:
             found = _render(body["foreach"], params)

@@ -84,6 +84,10 @@ def test_overrides_and_templates_name_what_is_wrong(repo, tmp_path):
     (repo / "dvc.yaml").write_text(PIPELINE.replace("${knob.value}", "${knob.missing}"))
     with pytest.raises(KeyError, match="knob.missing"):
         run_stages(repo, tmp_path / "run2", validate=False)
+    for extra, word in (("vars:\n  - other.yaml\n", "vars"), (PIPELINE.replace("  seed:\n", "  seed:\n    wdir: sub\n"), "wdir")):
+        (repo / "dvc.yaml").write_text(extra + PIPELINE if word == "vars" else extra)
+        with pytest.raises(ValueError, match=f"'{word}'"):
+            load_stages(repo / "dvc.yaml", {"rounds": [], "knob": {"value": 1}})
 
 
 def test_folder_record_reads_params_and_stage_metrics(tmp_path):
