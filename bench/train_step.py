@@ -39,8 +39,7 @@ def save_random_model(arch: str, tokenizer: Path, out: Path) -> Path:
     from gpu import build_model
     from transformers import AutoTokenizer
 
-    model = build_model(arch, "cpu", "float32")
-    model.generation_config.eos_token_id = None
+    model = build_model(arch, "cpu", "float32")  # never stops early: every completion is full length
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
     return out

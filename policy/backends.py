@@ -91,6 +91,13 @@ def forget_compiled(model: Any) -> None:
     torch.compiler.reset()
 
 
+def padded_width(tokenizer: Any, texts: Sequence[str], multiple: int) -> int:
+    """Token length of the longest of ``texts``, rounded up to ``multiple``: the one prompt width that lets a static KV
+    cache compile once for all of them (each new shape costs a compilation: 30-80 s on an H100)."""
+    longest = max((len(ids) for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]), default=1)
+    return -(-longest // multiple) * multiple
+
+
 def _cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
     cuts = [text.index(s) + len(s) for s in stop if s and s in text]
     return (text[: min(cuts)], True) if cuts else (text, False)
@@ -176,6 +183,16 @@ class TransformersBackend:
     def prompt_text(self, conversation: Conversation) -> str:
         return self.loaded.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)
 
+    def encode(self, texts: Sequence[str], width: int | None = None) -> Any:
+        """Left-padded token ids and mask on the model's device: with the static cache padded to ``width`` tokens
+        (default: :func:`padded_width` of ``texts``), else to the longest of ``texts``."""
+        pad: dict[str, Any] = {"padding": True}
+        if self.static_cache:
+            pad = {"padding": "max_length",
+                   "max_length": width or padded_width(self.loaded.tokenizer, texts, self.pad_multiple)}
+        return self.loaded.tokenizer(list(texts), return_tensors="pt", padding_side="left", add_special_tokens=False,
+                                     **pad).to(self.loaded.device)
+
     def _generation_options(self) -> dict[str, Any]:
         if not self.static_cache:
             return {}
@@ -239,20 +256,16 @@ class TransformersBackend:
         tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
         texts_all = [self.prompt_text(c) for c in conversations]
-        pad: dict[str, Any] = {"padding": True}
         several = len(conversations) > self.batch_size
-        if self.static_cache:
-            # One shape per call, so the decode step compiles once (each new shape costs a compilation, 30-80 s on an
-            # H100): every batch padded to the call's longest prompt (rounded up to pad_multiple) ...
-            longest = max((len(ids) for ids in tok(texts_all, add_special_tokens=False)["input_ids"]), default=1)
-            pad = {"padding": "max_length", "max_length": -(-longest // self.pad_multiple) * self.pad_multiple}
+        # One shape per call, so a static cache compiles once: every batch padded to the call's longest prompt ...
+        width = padded_width(tok, texts_all, self.pad_multiple) if self.static_cache else None
         sample = params.temperature > 0
         for k, start in enumerate(range(0, len(conversations), self.batch_size)):
             chunk = conversations[start : start + self.batch_size]
             texts = texts_all[start : start + self.batch_size]
             if self.static_cache and several and len(texts) < self.batch_size:
                 texts = texts + [texts[-1]] * (self.batch_size - len(texts))  # ... and the last batch filled up
-            enc = tok(texts, return_tensors="pt", add_special_tokens=False, **pad).to(self.loaded.device)
+            enc = self.encode(texts, width)
             seed = params.seed + k
             grammar = self._logits_processor(params.json_schema)
             new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar)

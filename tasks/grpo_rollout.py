@@ -32,8 +32,9 @@ def longest_prompt(tokenizer: Any, prompts: list, multiple: int = 64) -> int:
     """Token length of the longest prompt, rounded up to ``multiple``: padding every batch to it gives the static cache
     one shape, so the decode step compiles once per stage (each new shape costs a compilation: about 30 s for the
     embedded model on an H100)."""
-    longest = max(len(ids) for ids in tokenizer(prompt_texts(tokenizer, prompts), add_special_tokens=False)["input_ids"])
-    return -(-longest // multiple) * multiple
+    from policy.backends import padded_width
+
+    return padded_width(tokenizer, prompt_texts(tokenizer, prompts), multiple)
 
 
 def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float, top_p: float, seed: int,
@@ -42,7 +43,8 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
     ``num_generations`` times), sampled by the project's backend from ``model`` as it is at call time.
 
     ``prompt_len``: left-pad every batch to this many tokens (:func:`longest_prompt`) where the static cache is used, so
-    every call has the same shape; longer prompts raise. None: pad to the batch's longest, rounded up to 64.
+    every call has the same shape; longer prompts raise. None: pad to the batch's longest, rounded up to 64
+    (``TransformersBackend.encode``).
     Each call uses the next seed of ``seed * 1_000_003 + k`` (k = 0, 1, ...), so a run is reproducible and no two
     steps share a sampling seed.
     """
@@ -58,23 +60,18 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
     calls = itertools.count()
 
     def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
-        pad: dict[str, Any] = {"padding": True}
-        if backend.static_cache:
-            pad = {"padding": "max_length", "max_length": prompt_len} if prompt_len else {"padding": True, "pad_to_multiple_of": 64}
-        enc = tokenizer(prompt_texts(tokenizer, prompts), return_tensors="pt", padding_side="left",
-                        add_special_tokens=False, **pad)
+        enc = backend.encode(prompt_texts(tokenizer, prompts), prompt_len)
         if prompt_len and enc["input_ids"].shape[1] > prompt_len:
             raise ValueError(f"a GRPO prompt of {enc['input_ids'].shape[1]} tokens is longer than prompt_len = {prompt_len}")
         was_training = model.training
         model.eval()
         try:
-            new, _ = backend.generate_ids(enc["input_ids"].to(device), enc["attention_mask"].to(device), 1, params,
+            new, _ = backend.generate_ids(enc["input_ids"], enc["attention_mask"], 1, params,
                                           seed=seed * 1_000_003 + next(calls))
         finally:
             model.train(was_training)
-        prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(enc["input_ids"].cpu(), enc["attention_mask"].cpu())]
         completion_ids = [cut_completion(row.tolist(), eos_ids) for row in new.cpu()]
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
-    rollout.backend = backend  # for inspection (which cache it uses)
     return rollout
