@@ -140,14 +140,25 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def last_stage_bench(metrics: dict[str, dict[str, Any]]) -> dict[str, float] | None:
+def final_stage(params: dict[str, Any]) -> int | None:
+    """The last stage of the experiment's curriculum (``params.yaml``'s ``curriculum``), or None when it has none."""
+    stages = [row.get("stage") for row in params.get("curriculum") or [] if isinstance(row, dict)]
+    stages = [s for s in stages if isinstance(s, int)]
+    return max(stages) if stages else None
+
+
+def last_stage_bench(metrics: dict[str, dict[str, Any]], params: dict[str, Any] | None = None) -> dict[str, float] | None:
     """The last stage's benchmark Sums (``acc/<A>_agents``, ``opt/<A>_agents``) plus its held-out two-agent validation
     rates (``val/valid``, ``val/optimal``: the training distribution's own test, where small budgets already show), or
-    None when no stage has benchmark metrics."""
+    None when no stage has benchmark metrics. With ``params``, the last stage is the curriculum's: an experiment that
+    stopped before evaluating it (a run folder cut off mid-way) gives None, not an earlier stage's numbers."""
     stages = [(int(m.group(1)), path) for path in metrics if (m := re.search(r"stages/(\d+)/benchmark_metrics\.json$", path))]
     if not stages:
         return None
     stage, path = max(stages)
+    final = final_stage(params or {})
+    if final is not None and stage != final:
+        return None
     out = dict(metrics[path].get("bench") or {})
     validation = next((m.get("validation") for p, m in metrics.items()
                        if re.search(rf"stages/{stage}/validation_metrics\.json$", p)), None)
@@ -163,7 +174,7 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict
     seeds: dict[str, list[int]] = defaultdict(list)
     for rec in records:
         arm = arms.get(rec["name"])
-        bench = last_stage_bench(rec["metrics"]) if arm else None
+        bench = last_stage_bench(rec["metrics"], rec["params"]) if arm else None
         if arm is None or bench is None:
             continue
         seeds[arm].append(rec["params"].get("train", {}).get("seed"))
@@ -174,8 +185,9 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> dict
 
 
 def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]]) -> list[str]:
-    """Planned experiments with no benchmark metrics among ``records`` (not run, failed, or run from another commit)."""
-    found = {rec["name"] for rec in records if last_stage_bench(rec["metrics"]) is not None}
+    """Planned experiments with no final-stage benchmark metrics among ``records`` (not run, unfinished, failed, or run
+    from another commit)."""
+    found = {rec["name"] for rec in records if last_stage_bench(rec["metrics"], rec["params"]) is not None}
     return [item["name"] for item in plan if item["name"] not in found]
 
 

@@ -117,6 +117,13 @@ def test_comparison_aggregate_with_confidence_intervals():
     records[0]["metrics"]["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.25, "optimal": 0.125}}
     assert last_stage_bench(records[0]["metrics"]) == {"acc/3_agents": pytest.approx(0.1), "val/valid": 0.25,
                                                        "val/optimal": 0.125}
+    cut = experiment_records(show)  # a run folder cut off after evaluate@0: stage 0's numbers must not stand in
+    for rec in cut:
+        rec["params"]["curriculum"] = [{"stage": 0, "prev": "init", "next": 1}, {"stage": 1, "prev": 0, "next": 2}]
+    del cut[0]["metrics"]["data/stages/1/benchmark_metrics.json"]
+    assert last_stage_bench(cut[0]["metrics"], cut[0]["params"]) is None
+    assert last_stage_bench(cut[1]["metrics"], cut[1]["params"]) == {"acc/3_agents": pytest.approx(0.2)}
+    assert missing(cut, plan) == ["cmp-heuristic-s0"] and aggregate(cut, plan)["heuristic"]["seeds"] == [1, 2]
     first, rest = waves(plan)  # the first experiment of every seed first: the rest reuse its shared stages
     assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
