@@ -69,14 +69,34 @@ def run_plan(plan: list[dict[str, Any]], repo: Path, extra: dict[str, Any] | Non
             raise RuntimeError(f"{' '.join(args)} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
-def waves(plan: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The plan in two waves: the first experiment of each seed, then the rest, so that the stages every engineer of a
-    seed shares (everything before the first engineer's decision) run once and are reused from the stage cache."""
+def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset()) -> list[list[dict[str, Any]]]:
+    """The plan less the experiments in ``done``, in two waves: the first remaining experiment of each seed, then the
+    rest, so that the stages every engineer of a seed shares (everything before the first engineer's decision) run once
+    and are reused from the stage cache."""
+    todo = [item for item in plan if item["name"] not in done]
     first: dict[Any, dict[str, Any]] = {}
-    for item in plan:
+    for item in todo:
         first.setdefault(item["seed"], item)
-    rest = [item for item in plan if first[item["seed"]] is not item]
+    rest = [item for item in todo if first[item["seed"]] is not item]
     return [w for w in (list(first.values()), rest) if w]
+
+
+def prune_unfinished(root: Path | str) -> list[str]:
+    """Remove the unfinished run folders under ``root`` (an archive of earlier runs holds their markers but not their
+    datasets and adapters, so they could not resume) and return the names of those kept; prints each decision."""
+    import shutil
+
+    from tasks.stages import finished
+
+    kept = []
+    for folder in sorted(Path(root).glob("cmp-*")):
+        if finished(folder):
+            kept.append(folder.name)
+            print(f"{folder.name}: finished, kept")
+        else:
+            shutil.rmtree(folder)
+            print(f"{folder.name}: unfinished, dropped")
+    return kept
 
 
 def run_folders(plan: list[dict[str, Any]], repo: Path, root: Path, extra: dict[str, Any], run: bool,
@@ -90,7 +110,7 @@ def run_folders(plan: list[dict[str, Any]], repo: Path, root: Path, extra: dict[
     import queue
     from concurrent.futures import ThreadPoolExecutor
 
-    from tasks.stages import folder_record, run_stages
+    from tasks.stages import finished, folder_record, run_stages
 
     if jobs < 1:
         raise ValueError(f"--jobs {jobs}: must be at least 1")
@@ -117,7 +137,8 @@ def run_folders(plan: list[dict[str, Any]], repo: Path, root: Path, extra: dict[
             free.put(device)
 
     if run:
-        for wave in waves(plan):
+        done = {item["name"] for item in plan if finished(root / item["name"])}
+        for wave in waves(plan, done):
             with ThreadPoolExecutor(max_workers=jobs) as pool:
                 list(pool.map(one, wave))
     records = [folder_record(item["name"], root / item["name"]) for item in plan

@@ -274,6 +274,16 @@ def run_stages(repo: Path, folder: Path, overrides: dict[str, Any] | None = None
     return records
 
 
+def finished(folder: Path) -> bool:
+    """Whether every stage of the run folder's pipeline (its own ``dvc.yaml`` and ``params.yaml``) has its marker. A
+    finished folder is skipped as a whole, so one restored without its datasets and adapters (an archive of results)
+    still counts; an unfinished one needs its earlier stages' outputs to resume."""
+    if not (folder / "params.yaml").is_file() or not (folder / "dvc.yaml").is_file():
+        return False
+    params = yaml.safe_load((folder / "params.yaml").read_text()) or {}
+    return all((folder / ".done" / stage.name).exists() for stage in load_stages(folder / "dvc.yaml", params))
+
+
 def folder_record(name: str, folder: Path) -> dict[str, Any]:
     """A run folder as ``env-engineer compare`` reads a DVC experiment: name, params and every stage's metrics."""
     params = yaml.safe_load((folder / "params.yaml").read_text()) or {}

@@ -126,6 +126,8 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert missing(cut, plan) == ["cmp-heuristic-s0"] and aggregate(cut, plan)["heuristic"]["seeds"] == [1, 2]
     first, rest = waves(plan)  # the first experiment of every seed first: the rest reuse its shared stages
     assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
+    left = waves(plan, {"cmp-heuristic-s0", "cmp-heuristic-s1", "cmp-heuristic-s2", "cmp-fixed-s1"})
+    assert [[p["name"] for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
@@ -207,4 +209,18 @@ def test_compare_without_dvc_runs_and_collects_run_folders(tmp_path):
     assert yaml.safe_load((runs / "cmp-heuristic-s2" / "params.yaml").read_text())["env"]["seed"] == 2
     (runs / "cmp-fixed-s0" / "data" / "stages" / "1" / "benchmark_metrics.json").write_text('{"bench": {"acc/3_agents": 1.0}}')
     assert main(args) == 0  # collect only: the edited folder is read, nothing reruns
+    import shutil
+    shutil.rmtree(runs / "cmp-heuristic-s1")  # a finished folder restored from an archive is reported, never rerun
+    for marker in (runs / "cmp-fixed-s2" / ".done").iterdir():
+        marker.unlink()
+    for name in ("cmp-fixed-s0", "cmp-fixed-s2"):
+        (runs / name / "stages.json").unlink()  # every run of a folder writes it
+    assert main(args + ["--run", "--jobs", "2", "--devices", "5,7"]) == 0
+    assert not (runs / "cmp-fixed-s0" / "stages.json").exists()  # finished: not run again
+    assert (runs / "cmp-fixed-s2" / "stages.json").exists() and (runs / "cmp-heuristic-s1" / "stages.json").exists()
+    assert json.loads(out_json.read_text())["heuristic"]["seeds"] == [0, 1, 2]
+    from tasks.compare import prune_unfinished
+    (runs / "cmp-fixed-s1" / ".done" / "bench").unlink()  # cut off: its outputs would be missing in an archive
+    assert prune_unfinished(runs) == [f"cmp-{e}-s{k}" for e in ("fixed", "heuristic") for k in (0, 1, 2) if (e, k) != ("fixed", 1)]
+    assert not (runs / "cmp-fixed-s1").exists()
     assert json.loads(out_json.read_text())["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx((1.0 + 0.1 + 0.2) / 3)

