@@ -129,6 +129,8 @@ class RolloutSummary:
     valid_rate: float
     optimal_rate: float
     mean_reward: float
+    load_seconds: float = 0.0
+    """Seconds spent loading the model (0 when a loaded backend was passed in); ``seconds`` is generation alone."""
 
     @property
     def tokens_per_s(self) -> float:
@@ -143,7 +145,9 @@ def rollout(instances_path: str | Path, out: str | Path, config: RolloutConfig =
     table = read_instances(instances_path)
     rows_in = table.to_pylist()[: config.limit]
     instances = [Instance.from_str(r["instance"]) for r in rows_in]
+    loading = time.perf_counter()
     backend = backend or make_backend(config.backend, **config.backend_options())
+    load_seconds = time.perf_counter() - loading
     conversations = [build_messages(inst, config.prompt) for inst in instances]
     params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
                             seed=config.seed)
@@ -171,7 +175,7 @@ def rollout(instances_path: str | Path, out: str | Path, config: RolloutConfig =
     n = max(1, len(rows))
     return RolloutSummary(Path(out), len(rows), seconds, sum(r["completion_tokens"] for r in rows),
                           sum(r["parsed"] for r in rows) / n, sum(r["valid"] for r in rows) / n,
-                          sum(r["optimal"] for r in rows) / n, sum(r["reward"] for r in rows) / n)
+                          sum(r["optimal"] for r in rows) / n, sum(r["reward"] for r in rows) / n, load_seconds)
 
 
 def write_trajectories(path: str | Path, rows: list[dict], config: RolloutConfig) -> None:
@@ -254,6 +258,7 @@ def run(args: argparse.Namespace) -> int:
     from policy.backends import BackendError
     from policy.models import ModelNotFoundError
 
+    started = time.perf_counter()
     try:
         config = config_from_params(args.params)
         flags = {"model": args.model, "adapter": args.adapter, "backend": args.backend, "samples": args.samples,
@@ -276,6 +281,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {summary.rows} trajectories to {summary.out} in {summary.seconds:.1f} s "
           f"({summary.tokens_per_s:.1f} completion tokens/s); parsed {summary.parsed_rate:.3f}, valid {summary.valid_rate:.3f}, "
           f"optimal {summary.optimal_rate:.3f}, mean reward {summary.mean_reward:.3f}")
+    print(f"time: model loading {summary.load_seconds:.1f} s, generation {summary.seconds:.1f} s, "
+          f"{time.perf_counter() - started:.1f} s since the command started")
     if not args.no_validate:
         from tasks.validate import DataValidationError, validate_file
 

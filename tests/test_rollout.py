@@ -24,6 +24,7 @@ def test_rollout_writes_scored_trajectories_that_pass_validation(tiny_model_dir,
     summary = rollout(instances_file, out, cfg, progress=False)
     table = pq.read_table(out)
     assert summary.rows == table.num_rows == 15
+    assert summary.load_seconds > 0 and summary.seconds > 0  # loading is timed apart from generation
     assert table.column_names == [name for name, _, _ in TRAJECTORY_COLUMNS]
     rows = table.to_pylist()
     assert {r["sample_index"] for r in rows} == {0, 1, 2} and {r["stage"] for r in rows} == {2}
@@ -41,7 +42,8 @@ def test_rollout_cli_and_bad_arguments(tiny_model_dir, instances_file, tmp_path,
     out = tmp_path / "t.parquet"
     code = main(["rollout", "--instances", str(instances_file), "--out", str(out), "--model", str(tiny_model_dir),
                  "--samples", "1", "--max-new-tokens", "6", "--threads", "1", "--no-progress", "--moves", "letters"])
-    assert code == 0 and "wrote 5 trajectories" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert code == 0 and "wrote 5 trajectories" in printed and "time: model loading" in printed
     code = main(["rollout", "--instances", str(instances_file), "--out", str(out), "--model", "no-org/no-model", "--no-progress"])
     assert code == 2 and "never downloaded" in capsys.readouterr().err
     with pytest.raises(ValueError, match="base_url"):
