@@ -11,7 +11,8 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
 - ``dynamic``: the project's path (``TransformersBackend.generate_ids``) with the dynamic cache;
 - ``static``: the project's path as it runs on CUDA by default: preallocated KV cache, grouped-query decode attention
   without key/value copies (``policy/attention.py``), decode step compiled by ``torch.compile`` into CUDA graphs
-  (``inductor``, or ``cudagraphs`` when Triton cannot build).
+  (``inductor``, or ``cudagraphs`` when Triton cannot build); ``static+KERNEL`` pins that decode attention's SDPA
+  kernel (``cudnn``, ``efficient``, ``flash``, ``math``; ``policy.attention.set_decode_kernel``).
 
 Every variant first runs once at full length (the static one compiles then; ``warmup_s``), then the timed run.
 
@@ -44,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envgen.files import atomic_write_text  # noqa: E402
+from policy.attention import DECODE_KERNELS, set_decode_kernel  # noqa: E402
 
 ARCHS: dict[str, dict[str, Any]] = {
     "qwen3-4b": {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 2560, "intermediate_size": 9728,
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rollout", default="plain:1,plain:64,plain:256,dynamic:256,dynamic:512,static:256,static:512",
-                        help="variant:batch pairs, in order (variants: plain, dynamic, static)")
+                        help="variant:batch pairs, in order (variants: plain, dynamic, static; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash or math)")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
@@ -348,10 +350,18 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if part == "rollout":
                     variant, batch = item.split(":")
-                    if variant not in ("plain", "dynamic", "static"):
-                        parser.error(f"--rollout: unknown variant {variant!r} (plain, dynamic, static)")
-                    row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens,
-                                          args.compile_backend, args.profile, f"{arch}-")
+                    variant, _, kernel = variant.partition("+")
+                    if variant not in ("plain", "dynamic", "static") or (kernel and (variant != "static" or kernel not in DECODE_KERNELS)):
+                        parser.error(f"--rollout: unknown variant {item!r} (plain, dynamic, static, or static+KERNEL "
+                                     f"with KERNEL one of {', '.join(DECODE_KERNELS)})")
+                    set_decode_kernel(kernel or "auto")
+                    try:
+                        row = rollout_variant(model, device, variant, int(batch), args.prompt_len, args.new_tokens,
+                                              args.compile_backend, args.profile, f"{arch}-")
+                    finally:
+                        set_decode_kernel("auto")
+                    if kernel:
+                        row["variant"], row["decode_kernel"] = f"static+{kernel}", kernel
                     if variant == "static":
                         release(model, device)
                 else:

@@ -21,6 +21,22 @@ from typing import Any
 NAME = "sdpa_grouped_decode"
 """The attention implementation's name, for ``model.set_attn_implementation``."""
 
+DECODE_KERNELS = ("auto", "cudnn", "efficient", "flash", "math")
+"""SDPA kernels the grouped decode step may be pinned to (:func:`set_decode_kernel`); ``auto`` lets PyTorch choose
+(on an H100 it chose cuDNN's flash attention, about half the decode time of Qwen3-4B at batch 256: docs/benchmarks.md).
+A kernel that cannot take the call (its mask, dtype or device) makes PyTorch raise rather than fall back."""
+
+_decode_kernel = "auto"
+
+
+def set_decode_kernel(name: str) -> None:
+    """Pin the SDPA kernel of the grouped decode step (a benchmark knob; a compiled decode step must be recompiled,
+    e.g. with ``policy.backends.forget_compiled``, to see the change)."""
+    global _decode_kernel
+    if name not in DECODE_KERNELS:
+        raise ValueError(f"decode kernel {name!r}: choose one of {', '.join(DECODE_KERNELS)}")
+    _decode_kernel = name
+
 
 def grouped_decode_sdpa(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
                         scaling: float | None = None, is_causal: bool | None = None, **kwargs: Any) -> tuple[Any, None]:
@@ -38,8 +54,17 @@ def grouped_decode_sdpa(module: Any, query: Any, key: Any, value: Any, attention
     packed = query.reshape(batch, heads // groups, groups, dim)  # head kv * groups + r -> position r of head kv
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[2]]
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
-                                                           dropout_p=dropout, scale=scaling)
+    if _decode_kernel == "auto":
+        out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
+                                                               dropout_p=dropout, scale=scaling)
+    else:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+                   "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[_decode_kernel]
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
+                                                                   dropout_p=dropout, scale=scaling)
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
 
 

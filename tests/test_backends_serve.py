@@ -114,6 +114,16 @@ def test_grouped_decode_attention_equals_transformers_sdpa():
     additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # a float mask, same meaning
     got, _ = grouped_decode_sdpa(module, query, key, value, additive, scaling=dim**-0.5)
     assert torch.allclose(got, want, atol=1e-5)
+    from policy.attention import set_decode_kernel
+
+    set_decode_kernel("math")  # a pinned kernel computes the same
+    try:
+        got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
+        assert torch.allclose(got, want, atol=1e-5)
+    finally:
+        set_decode_kernel("auto")
+    with pytest.raises(ValueError, match="choose one of auto"):
+        set_decode_kernel("fast")
     prefill = torch.randn(batch, kv * 4, 5, dim)  # several query positions: transformers' own path
     got, _ = grouped_decode_sdpa(module, prefill, key, value, None, scaling=dim**-0.5)
     want, _ = sdpa_attention_forward(module, prefill, key, value, None, scaling=dim**-0.5)
@@ -130,15 +140,18 @@ def test_gpu_benchmark_script_measures_every_variant(tmp_path):
     import gpu
 
     out = tmp_path / "gpu.json"
-    gpu.main(["--archs", "tiny", "--device", "cpu", "--dtype", "float32", "--rollout", "plain:2,dynamic:2,static:3",
+    gpu.main(["--archs", "tiny", "--device", "cpu", "--dtype", "float32", "--rollout", "plain:2,dynamic:2,static:3,static+math:3",
               "--prompt-len", "8", "--new-tokens", "4", "--train-batch", "2", "--train-seq", "16", "--train-completion", "8",
               "--train", "lm+ckpt,grpo+ckpt,grpo:3", "--train-steps", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["results"]["tiny"]
     assert [(r["part"], r["variant"]) for r in rows] == [("rollout", "plain"), ("rollout", "dynamic"), ("rollout", "static"),
-                                                        ("train", "lm+ckpt"), ("train", "grpo+ckpt"), ("train", "grpo")]
+                                                        ("rollout", "static+math"), ("train", "lm+ckpt"), ("train", "grpo+ckpt"),
+                                                        ("train", "grpo")]
     assert all("error" not in r and r["tok_per_s"] > 0 for r in rows)
-    assert [r["tokens"] for r in rows[:3]] == [8, 8, 12]  # rows x new tokens: nothing stopped early
-    assert [r["batch"] for r in rows[3:]] == [2, 2, 3]
+    assert [r["tokens"] for r in rows[:4]] == [8, 8, 12, 12]  # rows x new tokens: nothing stopped early
+    assert rows[3]["decode_kernel"] == "math" and [r["batch"] for r in rows[4:]] == [2, 2, 3]
+    with pytest.raises(SystemExit):  # a kernel SDPA does not have
+        gpu.main(["--archs", "tiny", "--device", "cpu", "--rollout", "static+fast:2", "--train", ""])
     assert gpu.forward_flops_per_token("qwen3-4b", 512) / 2 == pytest.approx(4.0e9, rel=0.05)  # ~4B weights in matmuls
 
 

