@@ -9,7 +9,9 @@ engineer instead (the paper's ablation). The aggregate is over each experiment's
 and a 95% t-interval across seeds.
 
 ``--without-dvc FOLDER`` runs the same plan as run folders with ``env-engineer run-stages`` (``tasks/stages.py``), for
-machines without DVC, such as a GPU worker; the table is computed the same way.
+machines without DVC, such as a GPU worker; the table is computed the same way. Finished folders are never rerun (an
+archive of them, without datasets and adapters, resumes a comparison on another machine: :func:`prune_unfinished`), and
+an experiment counts in the table only once its curriculum's last stage has been evaluated.
 """
 
 from __future__ import annotations
