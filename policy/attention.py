@@ -21,7 +21,10 @@ from typing import Any
 NAME = "sdpa_grouped_decode"
 """The attention implementation's name, for ``model.set_attn_implementation``."""
 
-DECODE_KERNELS = ("auto", "cudnn", "efficient", "flash", "math")
+_SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION", "math": "MATH"}
+"""Decode kernel name -> ``torch.nn.attention.SDPBackend`` member."""
+
+DECODE_KERNELS = ("auto", *_SDPA_BACKENDS)
 """SDPA kernels the grouped decode step may be pinned to (:func:`set_decode_kernel`); ``auto`` lets PyTorch choose
 (on an H100 it chose cuDNN's flash attention, about half the decode time of Qwen3-4B at batch 256: docs/benchmarks.md).
 A kernel that cannot take the call (its mask, dtype or device) makes PyTorch raise rather than fall back."""
@@ -60,9 +63,7 @@ def grouped_decode_sdpa(module: Any, query: Any, key: Any, value: Any, attention
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-                   "flash": SDPBackend.FLASH_ATTENTION, "math": SDPBackend.MATH}[_decode_kernel]
-        with sdpa_kernel(backend):
+        with sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[_decode_kernel])):
             out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
                                                                    dropout_p=dropout, scale=scaling)
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None
