@@ -57,8 +57,18 @@ def repo(tmp_path_factory, tiny_model_dir) -> Path:
     return path
 
 
-def test_dvc_repro_runs_the_curriculum(repo):
+@pytest.fixture(scope="module")
+def reproduced(repo) -> tuple[Path, str]:
+    """The repository after one `dvc repro`, committed, and that command's output: every later test starts from a
+    finished pipeline, also when it runs alone."""
     out = sh(["dvc", "repro"], repo).stdout
+    sh(["git", "add", "-A"], repo)
+    sh(["git", "commit", "-qm", "run"], repo)
+    return repo, out
+
+
+def test_dvc_repro_runs_the_curriculum(reproduced):
+    repo, out = reproduced
     for stage in ("validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "rollout@0", "evaluate@0",
                   "summarize-failures@0", "engineer-config@0", "engineer-config@1"):
         assert f"Running stage '{stage}'" in out
@@ -80,11 +90,10 @@ def test_dvc_repro_runs_the_curriculum(repo):
     assert "train_history.json" in plots
     diff = sh([str(BIN / "env-engineer"), "diff-configs", "data/stages/0/config.yaml", "data/stages/1/config.yaml"], repo).stdout
     assert "seed" in diff
-    sh(["git", "add", "-A"], repo)
-    sh(["git", "commit", "-qm", "run"], repo)
 
 
-def test_params_diff_shows_engineered_changes_across_revisions(repo):
+def test_params_diff_shows_engineered_changes_across_revisions(reproduced):
+    repo, _ = reproduced
     cfg = repo / "data" / "stages" / "1" / "config.yaml"
     original = cfg.read_text()
     data = yaml.safe_load(original)
@@ -95,7 +104,8 @@ def test_params_diff_shows_engineered_changes_across_revisions(repo):
     cfg.write_text(original)
 
 
-def test_crash_mid_stage_then_repro_finishes_with_nothing_lost(repo):
+def test_crash_mid_stage_then_repro_finishes_with_nothing_lost(reproduced):
+    repo, _ = reproduced
     stages = repo / "data" / "stages"
     before = (stages / "0" / "instances.parquet").stat().st_mtime_ns
     lock_before = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["train@0"]["outs"]
@@ -133,7 +143,8 @@ def test_crash_mid_stage_then_repro_finishes_with_nothing_lost(repo):
     assert not list(stages.rglob(".adapter.work-*"))
 
 
-def test_bad_data_stops_the_pipeline_with_a_clear_message(repo, tmp_path):
+def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
+    repo, _ = reproduced
     bad = tmp_path / "bad"
     shutil.copytree(repo, bad, symlinks=True)
     params = yaml.safe_load((bad / "params.yaml").read_text())
@@ -147,7 +158,8 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(repo, tmp_path):
     assert "Running stage 'rollout@0'" not in text
 
 
-def test_prefect_flow_against_a_real_server(repo):
+def test_prefect_flow_against_a_real_server(reproduced):
+    repo, _ = reproduced
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
