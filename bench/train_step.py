@@ -29,9 +29,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trl": {"grpo_generation": "trl"},  # TRL's padded generate, eager training: the baseline
     "backend": {"grpo_generation": "backend"},  # GRPO samples through the project's static, compiled path
     "compile": {"grpo_generation": "trl", "torch_compile": True},
+    # the project's generation, then the training passes compiled, batches padded to multiples of 128
+    "backend+compile": {"grpo_generation": "backend", "torch_compile": True},
+    # the same without recomputing activations (needs a smaller --micro-batch for Qwen3-4B)
+    "backend+compile+nockpt": {"grpo_generation": "backend", "torch_compile": True, "gradient_checkpointing": False},
+    "backend+nockpt": {"grpo_generation": "backend", "gradient_checkpointing": False},
     "continuous": {"grpo_generation": "trl", "continuous_batching": True},
 }
 """Train-step settings compared, by name."""
+
+
+def steady(seconds: list[float] | None) -> float:
+    """The median of the later half of a phase's step times: its pace once compilation and warm-up are behind it."""
+    if not seconds:
+        return float("nan")
+    later = sorted(seconds[len(seconds) // 2:])
+    return later[len(later) // 2]
 
 
 def save_random_model(arch: str, tokenizer: Path, out: Path) -> Path:
@@ -53,8 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-examples", type=int, default=2048)
     parser.add_argument("--trajectories", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=32, help="completions per GRPO pass (memory)")
-    parser.add_argument("--variants", default="trl,backend", help="in order: 'trl' (TRL's own generation, eager: the "
-                        "baseline), 'backend' (train.grpo_generation: backend), 'compile' (train.torch_compile), "
+    parser.add_argument("--variants", default="trl,backend", help="in order, comma-separated: 'trl' (TRL's own "
+                        "generation, eager: the baseline), 'backend' (train.grpo_generation: backend), 'compile' "
+                        "(train.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
+                        "'backend+nockpt' and 'backend+compile+nockpt' (train.gradient_checkpointing off), "
                         "'continuous' (train.continuous_batching)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
@@ -75,15 +90,19 @@ def main(argv: list[str] | None = None) -> int:
             metrics = train(args.instances, out / "adapter", out / "c.parquet", out / "m.json", config)
             row = {"arch": args.arch, "variant": variant, "wall_s": time.perf_counter() - start,
                    "sft_s": metrics.get("sft/seconds"), "sft_steps": metrics.get("sft/steps"),
-                   "grpo_s": metrics.get("train/seconds"), "grpo_steps": metrics.get("train/steps")}
+                   "grpo_s": metrics.get("train/seconds"), "grpo_steps": metrics.get("train/steps"),
+                   "sft_step_s": metrics.get("sft/step_seconds"), "grpo_step_s": metrics.get("train/step_seconds")}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json is not None:
                 atomic_write_text(args.json, json.dumps(rows, indent=2))
-    print(f"\n{'variant':<14} {'wall s':>8} {'SFT s':>8} {'SFT steps':>10} {'GRPO s':>8} {'GRPO steps':>11}")
+    print(f"\n{'variant':<24} {'wall s':>8} {'SFT s':>8} {'SFT steps':>10} {'s/step':>7} {'GRPO s':>8} {'GRPO steps':>11} "
+          f"{'s/step':>7}")
     for r in rows:
-        print(f"{r['variant']:<14} {r['wall_s']:>8.1f} {r['sft_s'] or 0:>8.1f} {r['sft_steps'] or 0:>10} "
-              f"{r['grpo_s'] or 0:>8.1f} {r['grpo_steps'] or 0:>11}")
+        print(f"{r['variant']:<24} {r['wall_s']:>8.1f} {r['sft_s'] or 0:>8.1f} {r['sft_steps'] or 0:>10} "
+              f"{steady(r['sft_step_s']):>7.2f} {r['grpo_s'] or 0:>8.1f} {r['grpo_steps'] or 0:>11} "
+              f"{steady(r['grpo_step_s']):>7.2f}")
+    print("s/step: the median of the later half of the steps (after compilation and warm-up)")
     return 0
 
 

@@ -85,9 +85,14 @@ class TrainConfig(BaseModel):
                                       "generate. Ignored with vLLM. Measured 1.4x slower on an H100 for the embedded "
                                       "model's shape with full-length completions (docs/benchmarks.md).")
     torch_compile: bool = Field(False, description="torch.compile the model for the training passes (TrainingArguments."
-                                "torch_compile). A training pass alone ran 1.7x faster compiled on an H100, but TRL "
-                                "pads each batch to its own length and every new length recompiles (about 100 s "
-                                "each): the compiled warm start had made 2 steps in 290 s (docs/benchmarks.md). Off.")
+                                "torch_compile). A training pass alone ran 1.7x faster compiled on an H100; through the "
+                                "trainers every new padded length recompiles (about 100 s each), so with it "
+                                "pad_to_multiple_of 'auto' pads to multiples of 128 (docs/benchmarks.md). Off.")
+    pad_to_multiple_of: int | Literal["auto"] | None = Field("auto", ge=1, description="Pad each training batch's "
+                                                             "sequences (SFT) and prompts and completions (GRPO) to a "
+                                                             "multiple of this many tokens, so a compiled model sees a "
+                                                             "few shapes instead of one per batch. 'auto': 128 with "
+                                                             "torch_compile, else none (padding costs compute).")
 
     @classmethod
     def from_params(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -201,7 +206,39 @@ def _common_args(config: TrainConfig, device: str, work: Path, model: Any) -> di
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
-            "dataloader_num_workers": 0, "torch_compile": config.torch_compile}
+            "dataloader_num_workers": 0, "torch_compile": config.torch_compile,
+            "pad_to_multiple_of": padding_multiple(config)}
+
+
+PAD_MULTIPLE_WHEN_COMPILED = 128
+"""``pad_to_multiple_of: auto`` pads to this many tokens when the model is compiled (TRL's own choice for Neuron, which
+also compiles once per shape)."""
+
+
+def padding_multiple(config: TrainConfig) -> int | None:
+    """The padding multiple handed to TRL: the setting, or for 'auto' PAD_MULTIPLE_WHEN_COMPILED with torch_compile."""
+    if config.pad_to_multiple_of == "auto":
+        return PAD_MULTIPLE_WHEN_COMPILED if config.torch_compile else None
+    return config.pad_to_multiple_of
+
+
+def step_clock() -> Any:
+    """A trainer callback whose ``seconds`` lists the wall seconds of each optimizer step (the first ones hold any
+    compilation), so a stage's metrics show where its time went."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(round(time.perf_counter() - self._start, 3))
+
+    return StepClock()
 
 
 def warm_start(model, tok, rows, config: TrainConfig, work: Path) -> dict[str, Any]:
@@ -213,13 +250,15 @@ def warm_start(model, tok, rows, config: TrainConfig, work: Path) -> dict[str, A
     args = SFTConfig(**_common_args(config, _device(config), work / "sft", model), num_train_epochs=config.sft_epochs,
                      per_device_train_batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok)
+    clock = step_clock()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
+                         callbacks=[clock])
     start = time.perf_counter()
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": time.perf_counter() - start,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
-            "sft/loss_history": losses}
+            "sft/loss_history": losses, "sft/step_seconds": clock.seconds}
 
 
 def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -252,12 +291,14 @@ def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, A
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)
     reward = RecordingReward(config.reward)
+    clock = step_clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
-                          processing_class=tok, rollout_func=rollout_func)
+                          processing_class=tok, rollout_func=rollout_func, callbacks=[clock])
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     metrics = summarize_grpo(reward.rows, steps, seconds, use_vllm)
+    metrics["train/step_seconds"] = clock.seconds
     metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
     return metrics, reward.rows
 

@@ -47,6 +47,9 @@ def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["sft/examples"] == 8 and saved["sft/loss_first"] > 0 and saved["train/steps"] == 1
     assert set(saved["train/per_size"]) == {"3"}
+    # one wall-clock time per optimizer step of each phase (compilation shows in the first ones)
+    assert len(saved["sft/step_seconds"]) == saved["sft/steps"] >= 1 and len(saved["train/step_seconds"]) == 1
+    assert all(t > 0 for t in saved["sft/step_seconds"] + saved["train/step_seconds"])
     assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "metrics.json"]  # no work dirs left
     second = tmp_path / "stage2"
     more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", tiny(tiny_model_dir, sft=False),
@@ -112,8 +115,16 @@ def test_trainer_arguments_carry_compilation_and_recomputation(tmp_path):
     model = torch.nn.Linear(4, 4)
     args = _common_args(TrainConfig(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model)
     assert args["torch_compile"] is True and args["gradient_checkpointing"] is True and args["use_cpu"] is True
+    assert args["pad_to_multiple_of"] == 128  # 'auto' with compilation: a few shapes, not one per batch
     args = _common_args(TrainConfig(), "cuda", tmp_path, model)
     assert args["torch_compile"] is False and args["gradient_checkpointing"] is False and args["bf16"] is True
+    assert args["pad_to_multiple_of"] is None
+    args = _common_args(TrainConfig(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model)
+    assert args["pad_to_multiple_of"] == 64
+    from trl import GRPOConfig, SFTConfig
+
+    for kind in (SFTConfig, GRPOConfig):  # both trainers take the setting as it is passed
+        assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
 
 
 def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, stage, tmp_path, monkeypatch):
