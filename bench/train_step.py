@@ -31,6 +31,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "compile": {"grpo_generation": "trl", "torch_compile": True},
     # the project's generation, then the training passes compiled, batches padded to multiples of 128
     "backend+compile": {"grpo_generation": "backend", "torch_compile": True},
+    "backend+compile-sft": {"grpo_generation": "backend", "torch_compile": "sft"},  # the warm start compiled only
     # the same without recomputing activations (needs a smaller --micro-batch for Qwen3-4B)
     "backend+compile+nockpt": {"grpo_generation": "backend", "torch_compile": True, "gradient_checkpointing": False},
     "backend+nockpt": {"grpo_generation": "backend", "gradient_checkpointing": False},
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default="trl,backend", help="in order, comma-separated: 'trl' (TRL's own "
                         "generation, eager: the baseline), 'backend' (train.grpo_generation: backend), 'compile' "
                         "(train.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
+                        "'backend+compile-sft' (the warm start compiled only), "
                         "'backend+nockpt' and 'backend+compile+nockpt' (train.gradient_checkpointing off), "
                         "'continuous' (train.continuous_batching)")
     parser.add_argument("--json", type=Path, default=None)

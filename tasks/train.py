@@ -22,7 +22,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -84,15 +84,16 @@ class TrainConfig(BaseModel):
                                       "(paged KV cache; TRL's use_transformers_continuous_batching) instead of padded "
                                       "generate. Ignored with vLLM. Measured 1.4x slower on an H100 for the embedded "
                                       "model's shape with full-length completions (docs/benchmarks.md).")
-    torch_compile: bool = Field(False, description="torch.compile the model for the training passes (TrainingArguments."
-                                "torch_compile). A training pass alone ran 1.7x faster compiled on an H100; through the "
-                                "trainers every new padded length recompiles (about 100 s each), so with it "
-                                "pad_to_multiple_of 'auto' pads to multiples of 128 (docs/benchmarks.md). Off.")
-    pad_to_multiple_of: int | Literal["auto"] | None = Field("auto", ge=1, description="Pad each training batch's "
-                                                             "sequences (SFT) and prompts and completions (GRPO) to a "
-                                                             "multiple of this many tokens, so a compiled model sees a "
-                                                             "few shapes instead of one per batch. 'auto': 128 with "
-                                                             "torch_compile, else none (padding costs compute).")
+    torch_compile: bool | Literal["sft"] = Field(False, description="torch.compile the model for the training passes "
+                                                 "(TrainingArguments.torch_compile): true for both phases, 'sft' for "
+                                                 "the warm start only. On an H100 with batches padded to multiples "
+                                                 "of 128 the warm start's steps ran 1.6x faster after one compilation "
+                                                 "of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
+                                                 "hundred steps on; GRPO steps ran slower compiled (docs/benchmarks.md).")
+    pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
+                            "of this many tokens, so a compiled model sees a few shapes instead of one per batch. "
+                            "'auto': 128 for a compiled phase, else none (padding costs compute).")
 
     @classmethod
     def from_params(cls, path: str | Path | None, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -201,13 +202,13 @@ def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool
     return device == "cuda" and parameters >= CHECKPOINTING_MIN_PARAMS
 
 
-def _common_args(config: TrainConfig, device: str, work: Path, model: Any) -> dict[str, Any]:
+def _common_args(config: TrainConfig, device: str, work: Path, model: Any, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
     cuda = device == "cuda"
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
+    compiled = config.torch_compile is True or config.torch_compile == phase
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
-            "dataloader_num_workers": 0, "torch_compile": config.torch_compile,
-            "pad_to_multiple_of": padding_multiple(config)}
+            "dataloader_num_workers": 0, "torch_compile": compiled, "pad_to_multiple_of": padding_multiple(config, compiled)}
 
 
 PAD_MULTIPLE_WHEN_COMPILED = 128
@@ -215,10 +216,10 @@ PAD_MULTIPLE_WHEN_COMPILED = 128
 also compiles once per shape)."""
 
 
-def padding_multiple(config: TrainConfig) -> int | None:
-    """The padding multiple handed to TRL: the setting, or for 'auto' PAD_MULTIPLE_WHEN_COMPILED with torch_compile."""
+def padding_multiple(config: TrainConfig, compiled: bool) -> int | None:
+    """The padding multiple handed to TRL: the setting, or for 'auto' PAD_MULTIPLE_WHEN_COMPILED in a compiled phase."""
     if config.pad_to_multiple_of == "auto":
-        return PAD_MULTIPLE_WHEN_COMPILED if config.torch_compile else None
+        return PAD_MULTIPLE_WHEN_COMPILED if compiled else None
     return config.pad_to_multiple_of
 
 
@@ -247,7 +248,7 @@ def warm_start(model, tok, rows, config: TrainConfig, work: Path) -> dict[str, A
     from trl import SFTConfig, SFTTrainer
 
     demos = demonstrations(rows[: config.sft_max_examples], config.prompt)
-    args = SFTConfig(**_common_args(config, _device(config), work / "sft", model), num_train_epochs=config.sft_epochs,
+    args = SFTConfig(**_common_args(config, _device(config), work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
                      per_device_train_batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
     clock = step_clock()
@@ -285,7 +286,7 @@ def grpo(model, tok, rows, config: TrainConfig, work: Path) -> tuple[dict[str, A
                                        temperature=config.temperature, top_p=1.0, seed=config.seed,
                                        prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
     micro = math.gcd(per_step, config.micro_batch_size)
-    args = GRPOConfig(**_common_args(config, device, work / "grpo", model), per_device_train_batch_size=micro,
+    args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
                       gradient_accumulation_steps=per_step // micro,
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,

@@ -2,6 +2,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+from pydantic import ValidationError
 
 from envgen.config import EnvConfig, SizeConfig
 from envgen.dataset import write_instances
@@ -113,13 +114,20 @@ def test_trainer_arguments_carry_compilation_and_recomputation(tmp_path):
     from tasks.train import _common_args
 
     model = torch.nn.Linear(4, 4)
-    args = _common_args(TrainConfig(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model)
+    args = _common_args(TrainConfig(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
     assert args["torch_compile"] is True and args["gradient_checkpointing"] is True and args["use_cpu"] is True
     assert args["pad_to_multiple_of"] == 128  # 'auto' with compilation: a few shapes, not one per batch
-    args = _common_args(TrainConfig(), "cuda", tmp_path, model)
+    args = _common_args(TrainConfig(), "cuda", tmp_path, model, "sft")
     assert args["torch_compile"] is False and args["gradient_checkpointing"] is False and args["bf16"] is True
     assert args["pad_to_multiple_of"] is None
-    args = _common_args(TrainConfig(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model)
+    warm_only = TrainConfig(torch_compile="sft", pad_to_multiple_of="auto")  # as params.yaml writes it
+    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
+    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
+    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
+    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    with pytest.raises(ValidationError, match="pad_to_multiple_of"):
+        TrainConfig(pad_to_multiple_of=0)
+    args = _common_args(TrainConfig(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
     assert args["pad_to_multiple_of"] == 64
     from trl import GRPOConfig, SFTConfig
 

@@ -16,6 +16,7 @@ if [ ! -d /tmp/site/polars ] && ls .whl-polars/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=/tmp/site:$PWD
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false ENV_ENGINEER_CACHE=/tmp/ee-cache
+export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:True}  # large batches fragment otherwise
 # Carried folders do not stay in the working tree between calls, but /tmp does: park the parts there.
 mkdir -p /tmp/gguf
 [ -f .gguf1/part.00 ] && cp .gguf1/part.00 /tmp/gguf/
