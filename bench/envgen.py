@@ -22,10 +22,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from envgen.cbs import Solved, Unsolved, solve  # noqa: E402
-from envgen.config import EnvConfig, SizeConfig, default_config  # noqa: E402
-from envgen.generator import draw_instance, generate  # noqa: E402
+from envgen.config import EnvConfig, SizeConfig, uniform_config  # noqa: E402
+from envgen.dataset import generate_verified  # noqa: E402
+from envgen.generator import draw_instance  # noqa: E402
 from envgen.simulate import check_plan, paths_to_moves  # noqa: E402
-from tasks.generate_instances import verify  # noqa: E402
 
 
 def training_configs(budget: int) -> dict[str, EnvConfig]:
@@ -33,7 +33,7 @@ def training_configs(budget: int) -> dict[str, EnvConfig]:
     rising = {n: SizeConfig(data_ratio=1.0, hole_ratio=round(0.1 + 0.4 * (n - 3) / 7, 3), wait_ratio=0.5) for n in range(3, 11)}
     flat = {n: SizeConfig(data_ratio=1.0, hole_ratio=0.5, wait_ratio=0.5) for n in range(3, 11)}
     return {
-        "default (holes 0.2)": default_config(budget=budget, seed=1),
+        "default (holes 0.2)": uniform_config(budget=budget, seed=1),
         "holes rising 0.1->0.5 with size": EnvConfig(budget=budget, seed=1, sizes=rising),
         "holes 0.5 everywhere": EnvConfig(budget=budget, seed=1, sizes=flat),
     }
@@ -44,8 +44,7 @@ def bench_generator(budget: int) -> dict[str, float]:
     for name, cfg in training_configs(budget).items():
         start = time.perf_counter()
         n = 0
-        for g in generate(cfg):
-            verify(g)
+        for _ in generate_verified(cfg):
             n += 1
         out[name] = n / (time.perf_counter() - start)
     return out

@@ -138,7 +138,7 @@ def profiled(profile: Path | None, name: str, device: str):
         sync(device)
         wall = time.perf_counter() - start
         events = prof.key_averages()
-        # kernels only: ranges such as a compiled graph's call also carry the device time of the kernels they hold
+        # kernels only: ranges such as a compiled graph's launch also include the device time of the kernels they hold
         gpu_us = sum(e.self_device_time_total for e in events if e.device_type == DeviceType.CUDA)
         lines = [f"{name}: wall {wall:.2f} s under the profiler, GPU kernels {gpu_us / 1e6:.2f} s "
                  f"({gpu_us / 1e6 / wall:.0%} of wall: the rest the GPU waits for the CPU)", "",

@@ -1,10 +1,10 @@
 """Proof of learning: warm start + GRPO with the project's train step, evaluated before and after on held-out sets.
 
     python bench/learning.py --train TRAIN.parquet --eval small=A.parquet --eval large=B.parquet --out-dir OUT \
-        [--model embedded] [--sft-epochs 2] [--trajectories 8192] [--set key=value ...]
+        [--params params.yaml] [--set train.sft_epochs=2 --set train.trajectories=8192 ...]
 
-Stages: (1) the warm start alone (``train`` with ``grpo=false``), evaluated; (2) GRPO from that adapter (``train``
-with ``sft=false``), evaluated. Evaluation is greedy decoding of every held-out instance with the adapter merged,
+Stages: (1) the warm start alone (the train step with ``train.grpo=false``), evaluated; (2) GRPO from that adapter
+(``train.sft=false``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params``, with ``--set``. Evaluation is greedy decoding of every held-out instance with the adapter merged,
 scored by the simulator; beside it the independent-shortest-path planner and the optimum on the same instances.
 Writes ``OUT/results.json`` and prints a table. A script, not a test: real runs belong on a GPU.
 """
@@ -24,9 +24,10 @@ from envgen.dataset import read_instances  # noqa: E402
 from envgen.instance import Instance  # noqa: E402
 from envgen.planners import independent_plan  # noqa: E402
 from envgen.simulate import Valid, check_plan  # noqa: E402
-from tasks.rollout import RolloutConfig, rollout  # noqa: E402
-from tasks.tools import parse_overrides  # noqa: E402
-from tasks.train import TrainConfig, train  # noqa: E402
+from envgen.planners import Planned  # noqa: E402
+from pipeline.params import PolicySettings, RolloutSettings, load_params  # noqa: E402
+from steps.rollout import rollout  # noqa: E402
+from steps.train import train  # noqa: E402
 
 
 def planner_rates(path: Path) -> dict[str, dict[str, float]]:
@@ -35,7 +36,7 @@ def planner_rates(path: Path) -> dict[str, dict[str, float]]:
     for row in read_instances(path).to_pylist():
         inst = Instance.from_str(row["instance"])
         plan = independent_plan(inst)
-        result = check_plan(inst, plan, row["optimal_soc"]) if plan else None
+        result = check_plan(inst, plan.moves, row["optimal_soc"]) if isinstance(plan, Planned) else None
         ok = isinstance(result, Valid)
         for g in ("all", f"size{row['size']}"):
             groups[g].append((ok, ok and bool(result.optimal)))
@@ -54,16 +55,14 @@ def model_rates(traj: Path) -> dict[str, dict[str, float]]:
                 "parsed": sum(r["parsed"] for r in xs) / len(xs), "n": len(xs)} for g, xs in groups.items()}
 
 
-def evaluate(tag: str, model: str, adapter: Path | None, evals: dict[str, Path], cfg: TrainConfig, out: Path,
+def evaluate(tag: str, policy: PolicySettings, adapter: Path | None, evals: dict[str, Path], out: Path,
              max_new_tokens: int, batch_size: int, cache: str) -> dict:
     results = {}
+    settings = RolloutSettings(samples=1, temperature=0, max_new_tokens=max_new_tokens, batch_size=batch_size, cache=cache)
     for name, path in evals.items():
         start = time.perf_counter()
         traj = out / f"eval-{tag}-{name}.parquet"
-        rollout(path, traj, RolloutConfig(model=model, adapter=str(adapter) if adapter else None, samples=1, temperature=0,
-                                          max_new_tokens=max_new_tokens, batch_size=batch_size, prompt=cfg.prompt,
-                                          cache=cache,
-                                          reward=cfg.reward), progress=False)
+        rollout(path, traj, policy, settings, adapter=str(adapter) if adapter else None, progress=False)
         results[name] = {"rates": model_rates(traj), "seconds": time.perf_counter() - start}
         print(f"[{tag}] {name}: valid {results[name]['rates']['all']['valid']:.3f} optimal "
               f"{results[name]['rates']['all']['optimal']:.3f} parsed {results[name]['rates']['all']['parsed']:.3f} "
@@ -76,8 +75,8 @@ def main() -> int:
     parser.add_argument("--train", required=True, type=Path)
     parser.add_argument("--eval", action="append", default=[], metavar="NAME=PARQUET")
     parser.add_argument("--out-dir", required=True, type=Path)
-    parser.add_argument("--params", type=Path, default=None, help="params.yaml with a train section (defaults otherwise)")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="train setting override")
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file: its policy and train sections")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="parameter override")
     parser.add_argument("--eval-max-new-tokens", type=int, default=320)
     parser.add_argument("--eval-batch-size", type=int, default=256)
     parser.add_argument("--skip-grpo", action="store_true", help="warm start only")
@@ -91,27 +90,30 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     evals = dict(item.split("=", 1) for item in args.eval)
     evals = {k: Path(v) for k, v in evals.items()}
-    cfg = TrainConfig.from_params(args.params, parse_overrides(args.set))
-    report: dict = {"config": json.loads(cfg.model_dump_json()), "planner": {n: planner_rates(p) for n, p in evals.items()}}
+    params = load_params(args.params, args.set)
+    cfg, policy = params.train, params.policy
+    report: dict = {"config": {"train": cfg.model_dump(mode="json"), "policy": policy.model_dump(mode="json")},
+                    "planner": {n: planner_rates(p) for n, p in evals.items()}}
     for name, rates in report["planner"].items():
         print(f"[independent planner] {name}: valid {rates['all']['valid']:.3f} optimal {rates['all']['optimal']:.3f}", flush=True)
     if args.eval_base:
-        report["base"] = evaluate("base", cfg.model, None, evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
-                           args.eval_cache)
+        report["base"] = evaluate("base", policy, None, evals, out, args.eval_max_new_tokens, args.eval_batch_size,
+                                  args.eval_cache)
     start_adapter = args.init_adapter
     if not args.skip_sft:
         sft_cfg = cfg.model_copy(update={"grpo": False})
-        report["sft_metrics"] = train(args.train, out / "adapter-sft", out / "completions-sft.parquet", out / "metrics-sft.json", sft_cfg)
-        report["sft"] = evaluate("sft", cfg.model, out / "adapter-sft", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
-                           args.eval_cache)
+        report["sft_metrics"] = train(args.train, out / "adapter-sft", out / "completions-sft.parquet", out / "metrics-sft.json",
+                                      sft_cfg, policy)
+        report["sft"] = evaluate("sft", policy, out / "adapter-sft", evals, out, args.eval_max_new_tokens, args.eval_batch_size,
+                                 args.eval_cache)
         (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
         start_adapter = out / "adapter-sft"
     if not args.skip_grpo:
         grpo_cfg = cfg.model_copy(update={"sft": False})
         report["grpo_metrics"] = train(args.train, out / "adapter-grpo", out / "completions-grpo.parquet", out / "metrics-grpo.json",
-                                       grpo_cfg, init_adapter=start_adapter)
-        report["grpo"] = evaluate("grpo", cfg.model, out / "adapter-grpo", evals, cfg, out, args.eval_max_new_tokens, args.eval_batch_size,
-                           args.eval_cache)
+                                       grpo_cfg, policy, init_adapter=start_adapter)
+        report["grpo"] = evaluate("grpo", policy, out / "adapter-grpo", evals, out, args.eval_max_new_tokens, args.eval_batch_size,
+                                  args.eval_cache)
     name = "results.json" if not (args.skip_sft or args.skip_grpo) else f"results-{'grpo' if args.skip_sft else 'sft'}.json"
     (out / name).write_text(json.dumps(report, indent=2, default=str))
     print(f"\n{'set':<10} {'group':<8} {'planner':>8} " + " ".join(f"{t:>8}" for t in ("base", "sft", "grpo") if t in report))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envgen.config import default_config  # noqa: E402
+from envgen.config import uniform_config  # noqa: E402
 from envgen.generator import generate  # noqa: E402
 from envgen.prompt import PromptStyle, build_messages  # noqa: E402
 from policy.backends import SamplingParams, TransformersBackend  # noqa: E402
@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--moves", default="words", choices=["words", "letters"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    instances = [g.instance for g in generate(default_config(budget=args.instances, seed=11))]
+    instances = [g.instance for g in generate(uniform_config(budget=args.instances, seed=11))]
     convs = [build_messages(i, PromptStyle(moves=args.moves)) for i in instances]
     backend = TransformersBackend(args.model, batch_size=1, threads=args.threads)
     params = SamplingParams(max_new_tokens=args.max_new_tokens, temperature=1.0, seed=0)

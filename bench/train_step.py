@@ -1,4 +1,4 @@
-"""The train step (``tasks.train.train``: TRL SFT warm start, then TRL GRPO) on a randomly initialised model of a real
+"""The train step (``steps.train.train``: TRL SFT warm start, then TRL GRPO) on a randomly initialised model of a real
 shape, once per variant: seconds of each phase. A script, not a test.
 
     python bench/train_step.py --arch smollm2-135m --tokenizer TOK_DIR --instances stage.parquet [--json out.json]
@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from tasks.train import TrainConfig, train
+    from pipeline.params import PolicySettings, TrainSettings
+    from steps.train import train
 
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -84,12 +85,13 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             if variant not in VARIANTS:
                 parser.error(f"--variants: unknown {variant!r}; choose from {sorted(VARIANTS)}")
-            config = TrainConfig(model=str(model_dir), sft_max_examples=args.sft_examples, sft_batch_size=32,
-                                 trajectories=args.trajectories, num_generations=8, prompts_per_step=4,
-                                 micro_batch_size=args.micro_batch, max_completion_length=160, **VARIANTS[variant])
+            settings = TrainSettings(sft_max_examples=args.sft_examples, sft_batch_size=32, trajectories=args.trajectories,
+                                     num_generations=8, prompts_per_step=4, micro_batch_size=args.micro_batch,
+                                     max_completion_length=160, **VARIANTS[variant])
             out = Path(tmp) / f"run-{variant}"
             start = time.perf_counter()
-            metrics = train(args.instances, out / "adapter", out / "c.parquet", out / "m.json", config)
+            metrics = train(args.instances, out / "adapter", out / "c.parquet", out / "m.json", settings,
+                            PolicySettings(model=str(model_dir)))
             row = {"arch": args.arch, "variant": variant, "wall_s": time.perf_counter() - start,
                    "sft_s": metrics.get("sft/seconds"), "sft_steps": metrics.get("sft/steps"),
                    "grpo_s": metrics.get("train/seconds"), "grpo_steps": metrics.get("train/steps"),

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from itertools import product
+from typing import NamedTuple
 
 from envgen.grid import UNREACHABLE, Grid, grid_of
 from envgen.instance import Cell, Instance
@@ -120,6 +121,57 @@ class Unsolved:
 SolveResult = Solved | Unsolved
 
 
+class Conflict(NamedTuple):
+    """The earliest conflict between two agents' paths (cells as grid indices): a vertex conflict (``edge`` false: both
+    in cell ``u`` at time ``t``) or an edge conflict (agent ``a`` moves ``u -> v`` while agent ``b`` moves ``v -> u``,
+    both arriving at ``t``)."""
+
+    edge: bool
+    a: int
+    b: int
+    u: int
+    v: int
+    t: int
+
+
+class HighLevelNode(NamedTuple):
+    """A node of the constraint tree. Compared as a heap entry by ``soc``, then ``conflicts`` (fewer first), then
+    ``order`` (unique: creation order), so the other fields are never compared.
+
+    ``vertex_constraints[a]`` holds ``t * ncell + cell`` (agent ``a`` may not be in ``cell`` at ``t``);
+    ``edge_constraints[a]`` holds ``(t * ncell + from) * ncell + to`` (nor move ``from -> to`` arriving at ``t``)."""
+
+    soc: int
+    conflicts: int
+    order: int
+    paths: list[list[int]]
+    vertex_constraints: list[frozenset[int]]
+    edge_constraints: list[frozenset[int]]
+    conflict: Conflict | None
+
+
+class GroupPlan(NamedTuple):
+    """The optimal paths of one independent group of agents, the search nodes spent, and the method that found them."""
+
+    paths: list[list[int]]
+    nodes: int
+    method: str
+
+
+class Found(NamedTuple):
+    """CBS found conflict-free optimal paths after expanding ``nodes`` nodes."""
+
+    paths: list[list[int]]
+    nodes: int
+
+
+class NotFound(NamedTuple):
+    """CBS stopped without a plan: ``reason`` (a budget ran out, or the tree was exhausted) after ``nodes`` nodes."""
+
+    reason: UnsolvedReason
+    nodes: int
+
+
 def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult:
     """Solve ``instance`` optimally for the sum of costs within ``budget``.
 
@@ -162,10 +214,9 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
         if isinstance(got, Unsolved):
             who = ", ".join(str(a + 1) for a in agents)
             return Unsolved(got.reason, f"agents {who}: {got.detail}" if len(groups) > 1 else got.detail, nodes + got.nodes, shortest)
-        group_paths, group_nodes, method = got
-        nodes += group_nodes
-        methods.add(method)
-        for a, path in zip(agents, group_paths):
+        nodes += got.nodes
+        methods.add(got.method)
+        for a, path in zip(agents, got.paths):
             paths[a] = path
     cells = tuple(tuple(grid.cell(p) for p in path) for path in paths)
     costs = [len(p) - 1 for p in paths]
@@ -173,30 +224,32 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
 
 
 def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list[int], goals: list[int],
-                 hs: list[list[int]], budget: SolverBudget, deadline: float):
-    """One independent group: ``(paths, nodes, method)`` or :class:`Unsolved`."""
+                 hs: list[list[int]], budget: SolverBudget, deadline: float) -> GroupPlan | Unsolved:
+    """One independent group of agents."""
     k = len(agents)
     work = (10 * (len(hs[0]) - hs[0].count(UNREACHABLE))) ** k if k > 1 else 0
     use_joint = 0 < work <= budget.max_joint_work
     cap = min(budget.max_nodes, JOINT_HANDOVER) if use_joint else budget.max_nodes
-    found, nodes = _cbs(grid, starts, goals, hs, cap, deadline)
-    if not isinstance(found, UnsolvedReason):
-        return found, nodes, "cbs"
-    if found is UnsolvedReason.UNSOLVABLE:
-        return Unsolved(found, "CBS exhausted its constraint tree: no conflict-free plan exists", nodes, ())
-    if use_joint and found is UnsolvedReason.NODE_BUDGET:
+    searched = _cbs(grid, starts, goals, hs, cap, deadline)
+    if isinstance(searched, Found):
+        return GroupPlan(searched.paths, searched.nodes, "cbs")
+    reason, nodes = searched.reason, searched.nodes
+    if reason is UnsolvedReason.UNSOLVABLE:
+        return Unsolved(reason, "CBS exhausted its constraint tree: no conflict-free plan exists", nodes, ())
+    if use_joint and reason is UnsolvedReason.NODE_BUDGET:
         sub = Instance(instance.rows, tuple(instance.starts[a] for a in agents), tuple(instance.goals[a] for a in agents))
         joint = solve_joint(sub, max_states=work)
         if isinstance(joint, Unsolved):
             return Unsolved(joint.reason, joint.detail, nodes + joint.nodes, ())
-        return [[grid.index(c) for c in p] for p in joint.paths], nodes + joint.nodes, "joint"
-    what = f"{cap} nodes" if found is UnsolvedReason.NODE_BUDGET else f"{budget.max_seconds} s"
-    return Unsolved(found, f"CBS found no plan within {what}; the instance may be unsolvable or hard", nodes, ())
+        return GroupPlan([[grid.index(c) for c in p] for p in joint.paths], nodes + joint.nodes, "joint")
+    what = f"{cap} nodes" if reason is UnsolvedReason.NODE_BUDGET else f"{budget.max_seconds} s"
+    return Unsolved(reason, f"CBS found no plan within {what}; the instance may be unsolvable or hard", nodes, ())
 
 
 # ---------------------------------------------------------------------------------------------------- high level
-def _cbs(grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], max_nodes: int, deadline: float):
-    """Returns ``(paths, nodes)`` or ``(UnsolvedReason, nodes)``."""
+def _cbs(grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], max_nodes: int,
+         deadline: float) -> Found | NotFound:
+    """Best-first search of the constraint tree."""
     n = len(starts)
     ncell = len(grid.free)
     options = grid.options
@@ -210,26 +263,25 @@ def _cbs(grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], m
         paths.append(path)
     conflict, count = _first_conflict(paths)
     if conflict is None:
-        return paths, 1
+        return Found(paths, 1)
     counter = 0
-    # node: (soc, conflict count, tie counter, paths, vcons, econs, conflict)
-    open_list = [(sum(len(p) - 1 for p in paths), count, counter, paths, vcons, econs, conflict)]
+    open_list = [HighLevelNode(sum(len(p) - 1 for p in paths), count, counter, paths, vcons, econs, conflict)]
     expanded = 0
     while open_list:
         if expanded >= max_nodes:
-            return UnsolvedReason.NODE_BUDGET, expanded
+            return NotFound(UnsolvedReason.NODE_BUDGET, expanded)
         if time.perf_counter() > deadline:
-            return UnsolvedReason.TIME_BUDGET, expanded
+            return NotFound(UnsolvedReason.TIME_BUDGET, expanded)
         soc, _, _, paths, vcons, econs, conflict = heapq.heappop(open_list)
         expanded += 1
         if conflict is None:
-            return paths, expanded
-        kind, a, b, u, v, t = conflict
+            return Found(paths, expanded)
+        edge, a, b, u, v, t = conflict
         # Vertex conflict at cell u: each agent in turn is forbidden from u at time t.
         # Edge conflict: agent a is forbidden to move u->v at t, agent b to move v->u at t.
         for agent, key, is_edge in (
-            ((a, t * ncell + u, False), (b, t * ncell + u, False)) if kind == "v"
-            else ((a, (t * ncell + u) * ncell + v, True), (b, (t * ncell + v) * ncell + u, True))
+            ((a, (t * ncell + u) * ncell + v, True), (b, (t * ncell + v) * ncell + u, True)) if edge
+            else ((a, t * ncell + u, False), (b, t * ncell + u, False))
         ):
             cv, ce = vcons[agent], econs[agent]
             if is_edge:
@@ -249,15 +301,13 @@ def _cbs(grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], m
             nv[agent], ne[agent] = cv, ce
             conflict2, count2 = _first_conflict(child)
             counter += 1
-            heapq.heappush(open_list, (soc - len(paths[agent]) + len(path), count2, counter, child, nv, ne, conflict2))
-    return UnsolvedReason.UNSOLVABLE, expanded  # constraint tree exhausted: CBS is complete, so no plan exists
+            heapq.heappush(open_list, HighLevelNode(soc - len(paths[agent]) + len(path), count2, counter, child, nv, ne,
+                                                    conflict2))
+    return NotFound(UnsolvedReason.UNSOLVABLE, expanded)  # constraint tree exhausted: CBS is complete, so no plan exists
 
 
-def _first_conflict(paths: list[list[int]]):
-    """The earliest conflict ``(kind, a, b, u, v, t)`` and the number of conflicting time steps, or ``(None, 0)``.
-
-    For a vertex conflict ``u`` is the cell (``v`` unused); for an edge conflict agent ``a`` moves ``u -> v`` at ``t``.
-    """
+def _first_conflict(paths: list[list[int]]) -> tuple[Conflict | None, int]:
+    """The earliest :class:`Conflict` and the number of conflicting time steps, or ``(None, 0)``."""
     n = len(paths)
     if n == 2:
         return _first_conflict_pair(paths[0], paths[1])
@@ -274,7 +324,7 @@ def _first_conflict(paths: list[list[int]]):
                 if c in seen:
                     count += 1
                     if first is None:
-                        first = ("v", seen[c], a, c, -1, t)
+                        first = Conflict(False, seen[c], a, c, -1, t)
                 else:
                     seen[c] = a
         if t:
@@ -285,12 +335,12 @@ def _first_conflict(paths: list[list[int]]):
                     if b is not None and b > a and cur[b] == prev[a]:
                         count += 1
                         if first is None:
-                            first = ("e", a, b, prev[a], cur[a], t)
+                            first = Conflict(True, a, b, prev[a], cur[a], t)
         prev = cur
     return first, count
 
 
-def _first_conflict_pair(p: list[int], q: list[int]):
+def _first_conflict_pair(p: list[int], q: list[int]) -> tuple[Conflict | None, int]:
     """:func:`_first_conflict` for two agents (the training boards' case), without per-step containers."""
     lp, lq = len(p) - 1, len(q) - 1
     if lp < lq:
@@ -305,18 +355,19 @@ def _first_conflict_pair(p: list[int], q: list[int]):
         if a == b:
             count += 1
             if first is None:
-                first = ("v", 0, 1, a, -1, t)
+                first = Conflict(False, 0, 1, a, -1, t)
         elif a == b0 and b == a0:
             count += 1
             if first is None:
-                first = ("e", 0, 1, a0, a, t)
+                first = Conflict(True, 0, 1, a0, a, t)
         a0, b0 = a, b
     return first, count
 
 
 # ----------------------------------------------------------------------------------------------------- low level
-def _astar(options, h, start, goal, vcons, econs, goal_block, last_constraint, others, ncell):
-    """Space-time A* for one agent; returns cell indices from t=0 to arrival, or None when constraints trap it.
+def _astar(options, h, start, goal, vcons, econs, goal_block, last_constraint, others, ncell) -> list[int] | None:
+    """Space-time A* for one agent: cell indices from t=0 to arrival, or None when its constraints trap it (the
+    caller then drops that child of the constraint tree).
 
     ``vcons`` holds ``t * ncell + cell``; ``econs`` holds ``(t * ncell + from) * ncell + to`` (arrival time ``t``).
     The agent may finish only after ``goal_block`` (its last vertex constraint on its goal). Ties between equal

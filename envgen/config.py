@@ -1,13 +1,13 @@
 """The environment configuration: the YAML file the environment engineer edits between stages.
 
-Example (``configs/default.yaml``)::
+Example (the round-0 configuration is params.yaml's ``env`` section; later stages' are ``data/stages/K/config.yaml``)::
 
     num_agents: 2
     budget: 4000
     seed: 0
     sizes:
-      3: {data_ratio: 0.125, hole_ratio: 0.2, wait_ratio: 0.5}
-      4: {data_ratio: 0.125, hole_ratio: 0.2, wait_ratio: 0.5}
+      3: {data_ratio: 0.5, hole_ratio: 0.2, wait_ratio: 0.5, min_path_length: 1}
+      4: {data_ratio: 0.5, hole_ratio: 0.2, wait_ratio: 0.5, min_path_length: 1}
 
 Every field carries a description (read by the engineer LLM through :func:`describe_fields`), a JSON schema is
 exported for constrained decoding (:func:`config_json_schema`), and invalid values raise :class:`ConfigError` whose
@@ -63,6 +63,10 @@ class SizeConfig(BaseModel):
         description="Smallest shortest-path distance from each agent's start to its goal. Raise it to force "
         "longer routes (at most 2 * (N - 1) on an N x N grid).",
     )
+
+
+KNOBS = tuple(SizeConfig.model_fields)
+"""The per-size knobs an engineer sets: data_ratio, hole_ratio, wait_ratio, min_path_length."""
 
 
 class EnvConfig(BaseModel):
@@ -182,22 +186,29 @@ class EnvConfig(BaseModel):
             raise ConfigError(format_validation_error(e, source)) from None
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
-    """One line per problem: ``source: field = value: what is allowed; fix``."""
-    lines = [f"{source}: invalid configuration ({error.error_count()} problem(s))"]
+def format_validation_error(error: ValidationError, source: str, model: type[BaseModel] | None = None,
+                            reference: str = "`env-engineer config-schema --describe`", what: str = "configuration") -> str:
+    """One line per problem: ``source: field = value: what is allowed; fix``.
+
+    ``model`` is the validated model (default :class:`EnvConfig`): its field constraints give the allowed ranges;
+    ``reference`` is where the fields are documented, named in the fix of a missing or unknown field. Values
+    are shown cut to :data:`SHOWN_CHARS` characters, so a huge input never becomes a huge message.
+    """
+    model = model or EnvConfig
+    lines = [f"{source}: invalid {what} ({error.error_count()} problem(s))"]
     for err in error.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
         ctx = err.get("ctx") or {}
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" = {value!r}"
+        shown = "" if isinstance(value, dict) else f" = {shorten(value)}"
         kind = err["type"]
         if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
-            lo, hi = _field_range(err["loc"])
+            lo, hi = field_range(model, err["loc"])
             fix = f"allowed range [{lo}, {hi}]; set {loc} to a value in that range"
         elif kind == "missing":
-            fix = f"the field is required; add {loc} (see `env-engineer config-schema`)"
+            fix = f"the field is required; add {loc} (see {reference})"
         elif kind == "extra_forbidden":
-            fix = "unknown field; remove it or check its spelling (see `env-engineer config-schema`)"
+            fix = f"unknown field; remove it or check its spelling (see {reference})"
         elif kind == "value_error":
             fix = str(ctx.get("error", err["msg"]))
         else:
@@ -209,12 +220,38 @@ def format_validation_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def _field_range(loc: tuple) -> tuple[Any, Any]:
-    model: type[BaseModel] = EnvConfig
-    name = loc[-1]
-    if len(loc) >= 3 and loc[0] == "sizes":
-        model = SizeConfig
-    field = model.model_fields.get(str(name))
+SHOWN_CHARS = 80
+"""Longest value shown in an error message."""
+
+
+def shorten(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a container is described, not printed, once it is large)."""
+    if isinstance(value, (list, tuple, set, dict)) and len(value) > 20:
+        return f"<{type(value).__name__} of {len(value)} items>"
+    text = repr(value) if not isinstance(value, str) or len(value) <= limit else repr(value[:limit])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def field_range(model: type[BaseModel], loc: tuple) -> tuple[Any, Any]:
+    """The ``ge``/``le`` bounds of the field at ``loc`` (a pydantic error location) below ``model``, or ``(None, None)``.
+
+    Nested models are followed; a mapping's key (``sizes.4``) is skipped, so ``sizes.4.hole_ratio`` of
+    :class:`EnvConfig` is :class:`SizeConfig`'s ``hole_ratio``."""
+    import typing
+
+    current: Any = model
+    field = None
+    for part in loc:
+        fields = getattr(current, "model_fields", None)
+        if fields is None or str(part) not in fields:
+            continue  # a mapping key or list index: stay on the value type found before
+        field = fields[str(part)]
+        current = field.annotation
+        for _ in range(3):  # unwrap dict[K, V], list[V] and X | None to the model inside
+            args = [a for a in typing.get_args(current) if a is not type(None)]
+            if not args:
+                break
+            current = args[-1]
     lo = hi = None
     for meta in (field.metadata if field else []):
         lo = getattr(meta, "ge", lo) if getattr(meta, "ge", None) is not None else lo
@@ -259,7 +296,7 @@ def describe_fields() -> str:
         for name, field in model.model_fields.items():
             if name == "sizes":
                 continue
-            lo, hi = _field_range(("sizes", 0, name) if prefix else (name,))
+            lo, hi = field_range(EnvConfig, ("sizes", 0, name) if prefix else (name,))
             rng = f" [{lo}..{hi}]" if lo is not None or hi is not None else ""
             default = "" if field.is_required() else f" (default {field.default})"
             lines.append(f"- {prefix}{name}{rng}{default}: {field.description}")
@@ -267,11 +304,42 @@ def describe_fields() -> str:
     return "\n".join(lines)
 
 
-def default_config(budget: int = 4000, seed: int = 0, num_agents: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES) -> EnvConfig:
-    """The round-0 configuration: equal shares over the sizes, 20% holes, half the instances need coordination."""
+def uniform_config(budget: int = 4000, seed: int = 0, num_agents: int = 2, sizes: tuple[int, ...] = DEFAULT_SIZES) -> EnvConfig:
+    """Equal shares over ``sizes`` with the knobs' defaults (20% holes, half the instances need coordination): a quick
+    configuration for benchmarks and tests. A curriculum's round 0 is params.yaml's ``env`` section."""
     return EnvConfig(num_agents=num_agents, budget=budget, seed=seed,
                      sizes={n: SizeConfig(data_ratio=round(1 / len(sizes), 6)) for n in sizes})
 
 
 def schema_json(sizes: tuple[int, ...] = DEFAULT_SIZES) -> str:
     return json.dumps(config_json_schema(sizes), indent=2)
+
+
+def config_diff(a: EnvConfig, b: EnvConfig) -> list[tuple[str, Any, Any]]:
+    """``(field, value in a, value in b)`` for every field that differs, sizes flattened as ``sizes.N.knob`` (with each
+    size's normalised ``share``).
+
+    >>> a = uniform_config(budget=10, sizes=(3, 4))
+    >>> b = a.model_copy(update={"seed": 1, "sizes": {3: a.sizes[3], 4: a.sizes[4].model_copy(update={"hole_ratio": 0.3})}})
+    >>> config_diff(a, b)
+    [('seed', 0, 1), ('sizes.4.hole_ratio', 0.2, 0.3)]
+    """
+    flat_a, flat_b = _flatten(a), _flatten(b)
+    return [(k, flat_a.get(k), flat_b.get(k)) for k in sorted(set(flat_a) | set(flat_b), key=_order)
+            if flat_a.get(k) != flat_b.get(k)]
+
+
+def _flatten(cfg: EnvConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {k: v for k, v in cfg.model_dump().items() if k != "sizes"}
+    for n, knobs in cfg.sizes.items():
+        for k, v in knobs.model_dump().items():
+            out[f"sizes.{n}.{k}"] = v
+    shares = cfg.data_shares()
+    for n in cfg.sizes:
+        out[f"sizes.{n}.share"] = round(shares[n], 4)
+    return out
+
+
+def _order(key: str) -> tuple:
+    parts = key.split(".")
+    return (0, key) if len(parts) == 1 else (1, int(parts[1]), parts[2])

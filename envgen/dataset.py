@@ -1,56 +1,30 @@
-"""The instances Parquet file: schema, writer and reader.
+"""The instances Parquet file: generation with verification, writer and reader.
 
 One row per instance; the file's metadata holds the configuration YAML (``env_config``) and the generator version, so
-a file says how to regenerate itself. The writer is deterministic: the same configuration, seed and library versions
-give byte-identical files (no timestamps, no timings). Columns (:data:`INSTANCE_COLUMNS` is the source of truth):
+a file says how to regenerate itself. Every instance's optimal plan is replayed through the simulator before it is
+written (:func:`verify`: its validity and its SoC must match the solver's), so the ground truth is checked twice by
+independent code. The writer is deterministic: the same configuration, seed and library versions give byte-identical
+files (no timestamps, no timings). Columns (:data:`envgen.schemas.INSTANCES` is the source of truth):
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from envgen.config import EnvConfig
 from envgen.files import atomic_write_bytes
-from envgen.generator import GENERATOR_VERSION, Generated
+from envgen.generator import GENERATOR_VERSION, Generated, GeneratorOptions, generate
 from envgen.instance import Instance
-from envgen.simulate import paths_to_moves
+from envgen.schemas import INSTANCES, Dataset
+from envgen.simulate import Valid, check_paths, paths_to_moves
 
-_LIST_I16 = pa.list_(pa.int16())
-INSTANCE_COLUMNS: list[tuple[str, pa.DataType, str]] = [
-    ("index", pa.int32(), "Position of the instance in the stage (its slot), 0-based."),
-    ("instance_id", pa.string(), "Stable id: 'i' + the first 16 hex digits of the content hash."),
-    ("content_hash", pa.string(), "SHA-256 of the canonical instance text (Instance.content_hash)."),
-    ("instance", pa.string(), "Canonical text form; Instance.from_str(instance) rebuilds it exactly."),
-    ("size", pa.int16(), "Grid side N (the grid is N x N)."),
-    ("num_agents", pa.int16(), "Number of agents."),
-    ("starts", pa.list_(_LIST_I16), "Start cell [row, col] per agent."),
-    ("goals", pa.list_(_LIST_I16), "Goal cell [row, col] per agent."),
-    ("hole_count", pa.int16(), "Number of holes."),
-    ("hole_ratio", pa.float32(), "hole_count / (N * N)."),
-    ("free_cells", pa.int16(), "Number of frozen (walkable) cells."),
-    ("wait_target", pa.bool_(), "Whether the slot asked for an instance that needs coordination."),
-    ("needs_wait", pa.bool_(), "Whether the optimum needs a wait or detour (optimal_soc > sum_shortest); equals wait_target."),
-    ("optimal_soc", pa.int32(), "Optimal sum of costs (CBS, verified by the simulator)."),
-    ("makespan", pa.int32(), "Makespan of the stored optimal plan."),
-    ("shortest_lengths", pa.list_(pa.int32()), "Each agent's shortest path length alone on the grid."),
-    ("sum_shortest", pa.int32(), "Sum of shortest_lengths: the sum of costs if agents ignored each other."),
-    ("soc_gap", pa.int32(), "optimal_soc - sum_shortest: the price of coordination (difficulty feature)."),
-    ("optimal_plan", pa.list_(pa.string()), "Per agent its optimal moves, space-separated words (UP/DOWN/LEFT/RIGHT/WAIT)."),
-    ("solver_nodes", pa.int32(), "Search nodes the solver expanded (difficulty feature)."),
-    ("solver_method", pa.string(), "'cbs' or 'joint' (exhaustive joint A*, for hard 2-agent boards)."),
-    ("attempts", pa.int32(), "Draws needed to fill the slot (rejection sampling)."),
-    ("seed", pa.int64(), "The configuration's seed."),
-    ("draw_seed", pa.uint64(), "Seed of the slot's random stream: blake2b of 'seed:index' (generator.draw_seed)."),
-    ("generator_version", pa.string(), "Version of the generator that drew the instance."),
-]
-INSTANCE_SCHEMA = pa.schema([pa.field(name, kind, metadata={"description": doc}) for name, kind, doc in INSTANCE_COLUMNS])
-
-__doc__ = (__doc__ or "") + "\n" + "\n".join(f"- ``{n}`` ({t}): {d}" for n, t, d in INSTANCE_COLUMNS)
+__doc__ = (__doc__ or "") + "\n" + "\n".join(f"- ``{c.name}`` ({c.type}): {c.description}" for c in INSTANCES.columns)
 
 
 def record_of(g: Generated, seed: int) -> dict:
@@ -87,25 +61,60 @@ def record_of(g: Generated, seed: int) -> dict:
     }
 
 
+class VerificationError(RuntimeError):
+    """The simulator disagreed with the solver: a bug, never a property of the data."""
+
+
+def verify(g: Generated) -> None:
+    """Replay the solver's plan through the simulator; raise :class:`VerificationError` on any disagreement."""
+    result = check_paths(g.instance, g.solution.paths, g.solution.soc)
+    if not isinstance(result, Valid) or not result.optimal or result.makespan != g.solution.makespan:
+        raise VerificationError(f"slot {g.slot.index}: the simulator rejects the solver's plan ({result}) for\n{g.instance.to_str()}")
+
+
+def generate_verified(config: EnvConfig, options: GeneratorOptions | None = None, exclude: Iterable[str] = (),
+                      on_progress: Callable[[int], None] | None = None) -> Iterator[Generated]:
+    """:func:`envgen.generator.generate`, every instance verified by the simulator (:func:`verify`) as it comes."""
+    for g in generate(config, options, exclude, on_progress=on_progress):
+        verify(g)
+        yield g
+
+
+def write_dataset(path: str | Path, rows: Sequence[dict[str, Any]], dataset: Dataset,
+                  metadata: dict[str, str] | None = None, row_group_size: int | None = None) -> int:
+    """Write ``rows`` as ``dataset``'s Parquet file (its schema, zstd), atomically; returns the row count."""
+    table = pa.Table.from_pylist(list(rows), schema=dataset.schema)
+    if metadata is not None:
+        table = table.replace_schema_metadata(metadata)
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd", row_group_size=row_group_size)
+    atomic_write_bytes(path, buf.getvalue())
+    return table.num_rows
+
+
 def write_instances(path: str | Path, generated: Iterable[Generated], config: EnvConfig) -> int:
     """Write the instances Parquet atomically; returns the row count."""
     rows = [record_of(g, config.seed) for g in generated]
-    table = pa.Table.from_pylist(rows, schema=INSTANCE_SCHEMA).replace_schema_metadata(
-        {"env_config": config.to_yaml(), "generator_version": GENERATOR_VERSION}
-    )
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", row_group_size=max(1, len(rows)))
-    atomic_write_bytes(path, buf.getvalue())
-    return len(rows)
+    return write_dataset(path, rows, INSTANCES, {"env_config": config.to_yaml(), "generator_version": GENERATOR_VERSION},
+                         row_group_size=max(1, len(rows)))
 
 
 def read_instances(path: str | Path) -> pa.Table:
     """Read an instances file, checking that it has this schema's columns."""
     table = pq.read_table(path)
-    missing = [n for n, _, _ in INSTANCE_COLUMNS if n not in table.column_names]
+    missing = [n for n in INSTANCES.names if n not in table.column_names]
     if missing:
         raise ValueError(f"{path}: not an instances file, missing columns {missing}")
     return table
+
+
+def read_exclusions(paths: Iterable[str | Path]) -> frozenset[str]:
+    """Content hashes of the instances in ``paths`` (instances files): instances that must not be generated again,
+    such as the validation set's and the benchmark's."""
+    hashes: set[str] = set()
+    for p in paths:
+        hashes.update(pq.read_table(p, columns=["content_hash"]).column("content_hash").to_pylist())
+    return frozenset(hashes)
 
 
 def instances_of(table: pa.Table) -> list[Instance]:

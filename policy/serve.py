@@ -3,7 +3,7 @@
 Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``, ``max_tokens``,
 ``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured by constrained
 decoding when xgrammar is installed). Requests are served one at a time (the model is not thread-safe);
-malformed requests get a 400 with an OpenAI-style error body. With ``--api-key-env NAME`` requests must carry
+malformed requests get a 400 with an OpenAI-style error body. With ``--api-key-env NAME`` requests must include
 ``Authorization: Bearer $NAME``. Standard library only, so it runs on the GPU image too.
 """
 

@@ -31,3 +31,32 @@ def random_solved(seed: int, size: int, hole_ratio: float, agents: int, head_on:
         return None
     result = solve(inst, SolverBudget(max_nodes=5000, max_seconds=20))
     return (inst, result) if isinstance(result, Solved) else None
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def tiny_params(model: Path) -> dict:
+    """The CPU preset shrunk to seconds: a tiny model, 2 board sizes, a few instances and steps."""
+    import yaml
+
+    params = yaml.safe_load((ROOT / "presets" / "cpu.yaml").read_text())
+    sizes = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
+             4: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1}}
+    params["env"].update(budget=8, sizes=sizes)
+    params["validation"].update(budget=4, sizes=sizes)
+    params["policy"].update(model=str(model))
+    params["train"].update(sft_max_examples=8, sft_batch_size=4, trajectories=8, num_generations=4, prompts_per_step=2,
+                           micro_batch_size=4, max_completion_length=16, lora_r=4, lora_alpha=8, threads=1)
+    params["rollout"].update(max_new_tokens=16, threads=1)
+    params["engineer"].update(max_new_tokens=400, threads=1, attempts=1)
+    params["benchmark"].update(per_cell=1, wait_ratios=[0.5], agents={3: [3, 4], 4: [4]})
+    params["evaluate"].update(max_new_tokens=16)
+    return params
+
+
+def write_params(path: Path, params: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path

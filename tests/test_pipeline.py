@@ -1,5 +1,5 @@
-"""The real pipeline: `dvc repro` of a tiny curriculum in a temporary git repository, a crash and a resume, bad data
-stopping the pipeline, and the Prefect flow against a real Prefect server, read back through its API."""
+"""The real pipeline: `dvc repro` of a tiny curriculum in a temporary git repository (tests/conftest.py), a crash and a
+resume, bad data stopping the pipeline, and a queued experiment (the Prefect flow: tests/flows)."""
 
 from __future__ import annotations
 
@@ -12,59 +12,9 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-
-
-def sh(args: list[str], cwd: Path, check: bool = True, timeout: int = 900) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "DVC_NO_ANALYTICS": "1", "GX_ANALYTICS_ENABLED": "False"}
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(args)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
-def tiny_params(model: Path) -> dict:
-    params = yaml.safe_load((ROOT / "presets" / "cpu.yaml").read_text())
-    sizes = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
-             4: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1}}
-    params["env"].update(budget=8, sizes=sizes)
-    params["validation"].update(budget=4, sizes=sizes)
-    params["train"].update(model=str(model), sft_max_examples=8, sft_batch_size=4, trajectories=8, num_generations=4,
-                           prompts_per_step=2, micro_batch_size=4, max_completion_length=16, lora_r=4, lora_alpha=8, threads=1)
-    params["rollout"].update(max_new_tokens=16, threads=1)
-    params["engineer"].update(model=str(model), max_new_tokens=400, threads=1, attempts=1)
-    params["benchmark"].update(per_cell=1, wait_ratios=[0.5], agents={3: [3, 4], 4: [4]})
-    params["evaluate"].update(max_new_tokens=16)
-    return params
-
-
-@pytest.fixture(scope="module")
-def repo(tmp_path_factory, tiny_model_dir) -> Path:
-    path = tmp_path_factory.mktemp("pipeline")
-    shutil.copy(ROOT / "dvc.yaml", path / "dvc.yaml")
-    (path / "params.yaml").write_text(yaml.safe_dump(tiny_params(tiny_model_dir), sort_keys=False))
-    sh(["git", "init", "-q"], path)
-    sh(["git", "config", "user.email", "t@example.org"], path)
-    sh(["git", "config", "user.name", "test"], path)
-    sh(["dvc", "init", "-q"], path)
-    sh(["dvc", "config", "core.analytics", "false"], path)
-    sh(["git", "add", "-A"], path)
-    sh(["git", "commit", "-qm", "pipeline"], path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def reproduced(repo) -> tuple[Path, str]:
-    """The repository after one `dvc repro`, committed, and that command's output: every later test starts from a
-    finished pipeline, also when it runs alone."""
-    out = sh(["dvc", "repro"], repo).stdout
-    sh(["git", "add", "-A"], repo)
-    sh(["git", "commit", "-qm", "run"], repo)
-    return repo, out
+from tests.conftest import BIN, sh
 
 
 def test_dvc_repro_runs_the_curriculum(reproduced):
@@ -148,7 +98,7 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
     bad = tmp_path / "bad"
     shutil.copytree(repo, bad, symlinks=True)
     params = yaml.safe_load((bad / "params.yaml").read_text())
-    params["train"]["reward"]["unparseable"] = -20.0  # rewards leave the trajectories suite's range
+    params["policy"]["reward"]["unparseable"] = -20.0  # rewards leave the completions suite's range
     (bad / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     proc = sh(["dvc", "repro"], bad, check=False)
     assert proc.returncode != 0
@@ -158,45 +108,17 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
     assert "Running stage 'rollout@0'" not in text
 
 
-def test_prefect_flow_against_a_real_server(reproduced):
+def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_stages(reproduced, tmp_path):
+    """`env-engineer compare --run` on the tiny pipeline: DVC's queue runs each engineer's experiment; the stages
+    before the engineers' first decision are not computed again, and the table comes from `dvc exp show`."""
     repo, _ = reproduced
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        from prefect.client.orchestration import get_client
-        from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-
-        from flows.curriculum import STEPS, curriculum
-
-        state = curriculum(repo=str(repo), return_state=True)
-        assert state.is_completed(), state
-        result = state.result()
-        assert result == {"stages": [0, 1]}
-
-        import asyncio
-
-        async def read_back():
-            async with get_client() as client:
-                flow_run = await client.read_flow_run(state.state_details.flow_run_id)
-                task_runs = await client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run.id])))
-                artifacts = await client.read_artifacts()
-                return flow_run, task_runs, artifacts
-
-        flow_run, task_runs, artifacts = asyncio.run(read_back())
-        assert flow_run.state.is_completed()
-        names = {t.name for t in task_runs}
-        for step in STEPS:
-            for k in (0, 1):
-                assert f"{step}@{k}" in names
-        assert {"validation-set", "benchmark", "init-curriculum"} <= names
-        assert all(t.state.is_completed() for t in task_runs)
-        keys = {a.key for a in artifacts}
-        assert {"stage-0-metrics", "stage-0-config-diff", "stage-1-metrics"} <= keys
-
-        # A run with overrides (as from the UI) becomes a DVC experiment; the workspace is left as it was.
-        params_before = (repo / "params.yaml").read_text()
-        exp = curriculum(repo=str(repo), overrides={"train.trajectories": 4}, return_state=True)
-        assert exp.is_completed(), exp
-        assert (repo / "params.yaml").read_text() == params_before
-        shown = sh(["dvc", "exp", "show", "--json"], repo).stdout
-        assert '"trajectories": 4' in shown
+    out = tmp_path / "c.json"
+    proc = sh([str(BIN / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0",
+               "--run", "--jobs", "2", "--out-json", str(out), "--out-md", str(tmp_path / "c.md")], repo)
+    table = json.loads(out.read_text())
+    assert set(table) == {"fixed", "heuristic"} and all(row["seeds"] == [0] for row in table.values())
+    assert {"acc/3_agents", "val/valid"} <= set(table["fixed"]["metrics"]), proc.stdout
+    for name in ("cmp-fixed-s0", "cmp-heuristic-s0"):
+        log = sh(["dvc", "queue", "logs", name], repo).stdout
+        assert "Running stage 'engineer-config@0'" in log and "Running stage 'train@1'" in log
+        assert "Running stage 'train@0'" not in log and "Running stage 'generate-instances@0'" not in log, log[-2000:]

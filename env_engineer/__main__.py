@@ -1,0 +1,5 @@
+import sys
+
+from env_engineer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,85 @@
+"""The ``env-engineer`` command: one subcommand per pipeline step, testbed command, experiment and the server.
+``env-engineer <command> --help`` explains each.
+
+Commands import their heavy dependencies only when they run, so ``--help`` and the small commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from types import ModuleType
+
+
+def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
+    """``name -> (help, module, arguments function, run function)`` for every subcommand."""
+    from envgen import commands as testbed
+    from experiments import compare, report
+    from pipeline import checks
+    from policy import serve
+    from steps import (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
+                       summarize_failures, train, validation_set)
+
+    step = ("add_arguments", "run")
+    return {
+        # pipeline steps (dvc.yaml's stages)
+        "validation-set": ("Generate the held-out validation instances (params.yaml, section validation).", validation_set, *step),
+        "build-benchmark": ("Build the held-out benchmark (paper layout) and its reference rows (CBS and reference planners).",
+                            build_benchmark, *step),
+        "init-curriculum": ("Write the state before stage 0: round-0 configuration, fresh LoRA adapter, empty summary.",
+                            init_curriculum, *step),
+        "generate-instances": ("Generate a stage's solved instances from an environment configuration into Parquet.",
+                               generate_instances, *step),
+        "train": ("Warm-start on solver demonstrations, then GRPO with the MAPF reward, on a LoRA adapter.", train, *step),
+        "rollout": ("Answer every instance G times with the policy (+ adapter); score and write trajectories Parquet.",
+                    rollout, *step),
+        "evaluate": ("Score a stage's benchmark rollout: valid/optimal per cell, Sum per agent count, per wait subset.",
+                     evaluate, *step),
+        "summarize-failures": ("Summarise a stage: validation failures, environment statistics, training bookkeeping, history.",
+                               summarize_failures, *step),
+        "engineer-config": ("Let an engineer (policy, base, api, heuristic, random, fixed) write the next configuration.",
+                            engineer_config, *step),
+        "validate": ("Check a Parquet dataset against its great-expectations suite (exit 1 on failure).", checks, *step),
+        # experiments
+        "compare": ("Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
+                    compare, *step),
+        "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
+        # the testbed
+        "solve": ("Solve the first K agents of a MovingAI scenario optimally (CBS, sum of costs).", testbed,
+                  "add_solve_arguments", "run_solve"),
+        "check-plan": ("Check a plan (per agent a list of [row, col] cells) against a MovingAI instance.", testbed,
+                       "add_check_arguments", "run_check"),
+        "render": ("Print an instance's text views and optionally write a PNG (with its optimal plan).", testbed,
+                   "add_render_arguments", "run_render"),
+        "config-schema": ("Print the environment configuration's JSON schema, or a field reference with --describe.",
+                          testbed, "add_schema_arguments", "run_schema"),
+        "validate-config": ("Check an environment configuration YAML; print every problem with its fix.", testbed,
+                            "add_validate_arguments", "run_validate"),
+        "diff-configs": ("Show what changed between two environment configurations (e.g. two stages of one revision).",
+                         testbed, "add_diff_arguments", "run_diff"),
+        # the policy
+        "serve": ("Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve, *step),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="env-engineer",
+        description="LLM-designed training environments on MAPF-FrozenLake: the curriculum pipeline's steps (run by "
+        "`dvc repro`), the testbed's commands, experiments and a model server.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (help_text, module, add_args, run) in commands().items():
+        p = sub.add_parser(name, help=help_text, description=help_text.replace("%%", "%"))  # help is %-formatted, description not
+        getattr(module, add_args)(p)
+        p.set_defaults(handler=getattr(module, run))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

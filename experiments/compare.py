@@ -1,0 +1,256 @@
+"""Engineer comparison through DVC experiments: equal budgets, several seeds, means with 95% confidence intervals.
+
+``env-engineer compare --engineers policy,base,heuristic,random,fixed --seeds 0,1,2 --run --jobs 2`` queues one DVC
+experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S
+train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
+the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. Without ``--run`` it
+only collects the experiments already there. ``--contexts`` compares context variants of the ``policy`` engineer
+instead (the paper's ablation).
+
+The queue runs in two waves: first one experiment per seed, then the rest, so that the stages every engineer of a seed
+shares (everything before the engineers' first decision) run once and the others restore them from DVC's run-cache.
+Each queued experiment's stages run in processes of their own; with ``ENV_ENGINEER_GPUS`` set (:mod:`policy.devices`)
+each claims a GPU of that pool, or shares them (``ENV_ENGINEER_GPU_SLOTS``).
+
+The aggregate is over each experiment's last curriculum stage: its benchmark Sums (``acc/<A>_agents``,
+``opt/<A>_agents``) and its two-agent validation rates (``val/valid``, ``val/optimal``), found through the metrics files
+``dvc.yaml`` declares for ``evaluate@K`` and ``rollout@K``: mean and a 95% t-interval across seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from envgen.files import atomic_write_text
+from experiments.dvc import DvcError, StageFiles, dvc, pipeline_stages, stage_named
+from pipeline.params import ParamsError, load_params, parse_overrides
+
+# Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
+_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+
+
+def mean_ci(values: list[float]) -> dict[str, float]:
+    """Mean and the 95% t-interval half-width (0 for a single value)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    if n < 2:
+        return {"mean": mean, "ci95": 0.0, "n": n}
+    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
+    return {"mean": mean, "ci95": t * statistics.stdev(values) / math.sqrt(n), "n": n}
+
+
+def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] | None = None) -> list[dict[str, Any]]:
+    """One experiment per (engineer or context, seed): its name, arm, seed and parameter overrides."""
+    plan = []
+    arms = [("policy", c) for c in contexts] if contexts else [(e, None) for e in engineers]
+    for engineer, context in arms:
+        for seed in seeds:
+            name = f"cmp-{engineer if context is None else 'ctx-' + context}-s{seed}"
+            sets = {"engineer.engineer": engineer, "train.seed": seed, "env.seed": seed, "engineer.seed": seed}
+            if context is not None:
+                sets["engineer.context"] = context
+            plan.append({"name": name, "arm": engineer if context is None else f"policy/{context}", "seed": seed, "set": sets})
+    return plan
+
+
+def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset()) -> list[list[dict[str, Any]]]:
+    """The plan less the experiments in ``done``, in two waves: the first remaining experiment of each seed, then the
+    rest, so that the stages every engineer of a seed shares run once and are restored from DVC's run-cache."""
+    todo = [item for item in plan if item["name"] not in done]
+    first: dict[Any, dict[str, Any]] = {}
+    for item in todo:
+        first.setdefault(item["seed"], item)
+    rest = [item for item in todo if first[item["seed"]] is not item]
+    return [w for w in (list(first.values()), rest) if w]
+
+
+def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
+    """``dvc exp run --queue`` arguments of one planned experiment (values written as JSON, which YAML reads back)."""
+    args = ["exp", "run", "--queue", "-n", item["name"]]
+    for key, value in {**item["set"], **extra}.items():
+        args += ["-S", f"{key}={json.dumps(value)}"]
+    return args
+
+
+def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0) -> dict[str, str]:
+    """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
+    returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
+    once the queue is empty."""
+    dvc(["queue", "start", "-j", str(jobs)], repo)
+    last = None
+    while True:
+        states = queue_states(repo)
+        mine = {name: states.get(name, "Queued") for name in names}
+        line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(mine).items()))
+        if line != last:
+            print(f"queue: {line}", flush=True)
+            last = line
+        if all(s in ("Success", "Failed") for s in mine.values()):
+            break
+        time.sleep(poll_seconds)
+    # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
+    succeeded = {name for name, state in mine.items() if state == "Success"}
+    deadline = time.monotonic() + 300
+    while not succeeded <= set(dvc(["exp", "list", "--name-only"], repo).split()) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return mine
+
+
+def _count(states: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for s in states.values():
+        out[s] += 1
+    return out
+
+
+def queue_states(repo: Path) -> dict[str, str]:
+    """Name -> status (Queued, Running, Success, Failed) of the experiments in DVC's queue; a name queued again has the
+    status of its newest task."""
+    states = {}
+    for line in dvc(["queue", "status"], repo).splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 3 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
+            states[parts[1]] = parts[-1]
+    return states
+
+
+def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name, params and metrics of every experiment in ``dvc exp show --json`` output."""
+    out = []
+    for baseline in show:
+        for exp in baseline.get("experiments") or []:
+            for rev in exp.get("revs") or []:
+                data = rev.get("data") or {}
+                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+                metrics = {path: (m or {}).get("data") or {} for path, m in (data.get("metrics") or {}).items()}
+                out.append({"name": rev.get("name") or exp.get("name"), "params": params, "metrics": metrics})
+    return out
+
+
+def final_stage(params: dict[str, Any]) -> int | None:
+    """The last stage of the experiment's curriculum (``params.yaml``'s ``curriculum``), or None when it has none."""
+    stages = [row.get("stage") for row in params.get("curriculum") or [] if isinstance(row, dict)]
+    stages = [s for s in stages if isinstance(s, int)]
+    return max(stages) if stages else None
+
+
+def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[str, float] | None:
+    """The benchmark Sums of the experiment's last curriculum stage plus that stage's held-out two-agent validation
+    rates (``val/valid``, ``val/optimal``), read from the metrics files ``dvc.yaml`` declares for ``evaluate@K`` and
+    ``rollout@K``; None when that stage has no benchmark metrics (not run, unfinished or failed)."""
+    final = final_stage(record["params"])
+    evaluate = stage_named(stages, "evaluate", None if final is None else str(final))
+    if evaluate is None or not evaluate.metrics or not record["metrics"].get(evaluate.metrics[0]):
+        return None
+    out = dict(record["metrics"][evaluate.metrics[0]].get("bench") or {})
+    rollout = stage_named(stages, "rollout", str(final))
+    validation = (record["metrics"].get(rollout.metrics[0]) or {}).get("validation") if rollout and rollout.metrics else None
+    for key in ("valid", "optimal"):
+        if validation and validation.get(key) is not None:
+            out[f"val/{key}"] = validation[key]
+    return out
+
+
+def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> dict[str, Any]:
+    """Per arm: its seeds and, per metric, mean and 95% interval across seeds."""
+    arms = {item["name"]: item["arm"] for item in plan}
+    values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    seeds: dict[str, list[int]] = defaultdict(list)
+    for rec in records:
+        arm = arms.get(rec["name"])
+        result = last_stage_result(rec, stages) if arm else None
+        if arm is None or result is None:
+            continue
+        seeds[arm].append(rec["params"].get("train", {}).get("seed"))
+        for key, value in result.items():
+            values[arm][key].append(float(value))
+    return {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())}}
+            for arm, ms in values.items()}
+
+
+def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> list[str]:
+    """Planned experiments with no final-stage results among ``records``."""
+    found = {rec["name"] for rec in records if last_stage_result(rec, stages) is not None}
+    return [item["name"] for item in plan if item["name"] not in found]
+
+
+def render(table: dict[str, Any]) -> str:
+    """The comparison as a markdown table (percent, mean ± 95% half-width)."""
+    keys = sorted({k for arm in table.values() for k in arm["metrics"]})
+    lines = ["| engineer | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    for arm, row in table.items():
+        cells = []
+        for k in keys:
+            m = row["metrics"].get(k)
+            cells.append("" if m is None else f"{100 * m['mean']:.1f} ± {100 * m['ci95']:.1f}")
+        lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + ("\n\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage; acc/opt: "
+                                "benchmark Sums per agent count, val: the two-agent validation set).\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed", help="comma-separated engineers")
+    parser.add_argument("--contexts", default=None, help="compare these context variants of the policy engineer instead")
+    parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (at least 3 for an interval)")
+    parser.add_argument("--run", action="store_true", help="queue the experiments not yet there, run the queue and wait "
+                        "(else only collect what `dvc exp show` has)")
+    parser.add_argument("--jobs", type=int, default=1, help="with --run: experiments at once (`dvc queue start -j`)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="extra parameter for every experiment (as `dvc exp run -S`)")
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
+    parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
+    parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
+
+
+def run(args: argparse.Namespace) -> int:
+    from engineers.llm import CONTEXTS
+    from engineers.registry import ENGINEERS
+
+    try:
+        engineers = [e.strip() for e in args.engineers.split(",") if e.strip()]
+        contexts = [c.strip() for c in args.contexts.split(",")] if args.contexts else None
+        seeds = [int(s) for s in args.seeds.split(",")]
+        bad = [e for e in engineers if e not in ENGINEERS] + [c for c in contexts or [] if c not in CONTEXTS]
+        if bad:
+            raise ValueError(f"unknown engineer/context {bad}; engineers {sorted(ENGINEERS)}, contexts {sorted(CONTEXTS)}")
+        if args.jobs < 1:
+            raise ValueError(f"--jobs {args.jobs}: must be at least 1")
+        extra = parse_overrides(args.set)
+        plan = experiment_plan(engineers, seeds, contexts)
+        for item in plan:  # every experiment's parameters are checked before anything is queued
+            load_params(args.repo / "params.yaml", {**item["set"], **extra})
+        stages = pipeline_stages(args.repo)
+        if args.run:
+            done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
+                    if last_stage_result(rec, stages) is not None}
+            for wave in waves(plan, done):
+                for item in wave:
+                    dvc(queue_args(item, extra), args.repo)
+                    print(f"queued {item['name']}", flush=True)
+                states = run_queue(args.repo, args.jobs, [item["name"] for item in wave])
+                failed = [name for name, state in states.items() if state == "Failed"]
+                if failed:
+                    print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)
+        records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
+        table = aggregate(records, plan, stages)
+        absent = missing(records, plan, stages)
+        if absent:
+            print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
+                  "started from (`dvc exp list -A` lists all; `dvc queue logs NAME` says why one failed); run them "
+                  "with --run", file=sys.stderr)
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    atomic_write_text(args.out_json, json.dumps(table, indent=2))
+    atomic_write_text(args.out_md, render(table))
+    print(render(table))
+    return 0

@@ -1,0 +1,114 @@
+"""Reading the pipeline from DVC, and running DVC commands: ``dvc.yaml`` stays the one place that names stages and paths.
+
+:func:`pipeline_stages` gives every stage of the pipeline (``foreach`` items expanded, ``train@0``) in an order that
+runs each after the stages it depends on, with the files it reads and writes as DVC declares them; the Prefect flow,
+the comparison and the report find their stages and files through it. :func:`dvc` runs a ``dvc`` command and tells a
+busy repository (worth retrying) from a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class StageFiles:
+    """One DVC stage: its name (``train@0``), the pipeline step it runs (``train``) and its curriculum item (``0``, or
+    None for a stage outside the ``foreach`` loops), and the paths it declares."""
+
+    name: str
+    deps: tuple[str, ...]
+    params_files: tuple[str, ...]
+    outs: tuple[str, ...]
+    metrics: tuple[str, ...]
+    plots: tuple[str, ...]
+
+    @property
+    def step(self) -> str:
+        return self.name.split("@", 1)[0]
+
+    @property
+    def item(self) -> str | None:
+        return self.name.split("@", 1)[1] if "@" in self.name else None
+
+    def out(self, suffix: str) -> str | None:
+        """The first declared output (outs, metrics or plots) whose path ends with ``suffix``."""
+        return next((p for p in (*self.outs, *self.metrics, *self.plots) if p.endswith(suffix)), None)
+
+
+class DvcError(RuntimeError):
+    """A DVC command failed; the message carries its output's tail."""
+
+
+class DvcBusy(DvcError):
+    """Another DVC command holds the repository's lock: worth retrying."""
+
+
+def dvc_env() -> dict[str, str]:
+    """The environment for ``dvc`` and ``env-engineer`` subprocesses: this Python's ``bin`` folder first on PATH (a
+    virtualenv works without being activated) and DVC's analytics off."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "DVC_NO_ANALYTICS": "1"}
+
+
+def dvc(args: list[str], repo: str | Path, timeout: float | None = None) -> str:
+    """Run ``dvc ARGS`` in ``repo``; its output, or :class:`DvcBusy` / :class:`DvcError` with the output's tail."""
+    proc = subprocess.run(["dvc", *args], cwd=repo, env=dvc_env(), capture_output=True, text=True, timeout=timeout)
+    output = (proc.stdout + proc.stderr).strip()
+    if proc.returncode != 0:
+        tail = "\n".join(output.splitlines()[-25:])
+        kind = DvcBusy if ("Unable to acquire lock" in output or "is busy" in output) else DvcError
+        raise kind(f"dvc {' '.join(args)} failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def pipeline_stages(repo: str | Path) -> list[StageFiles]:
+    """Every stage of ``repo``'s ``dvc.yaml``, each after every stage it depends on (among stages ready to run, the one
+    listed first in ``dvc.yaml`` first, so curriculum stage k's steps run before stage k+1's)."""
+    from dvc.dependency.param import ParamsDependency
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        stages = [s for s in r.index.stages if s.cmd]
+        graph = r.index.graph  # edges point from a stage to the stages it depends on
+        listed = {s.name: i for i, s in enumerate(stages)}
+        upstream = {s.name: {u.name for u in graph.successors(s) if u.name in listed} for s in stages}
+        files = {}
+        for s in stages:
+            params = tuple(d.def_path for d in s.deps if isinstance(d, ParamsDependency))
+            files[s.name] = StageFiles(
+                name=s.name,
+                deps=tuple(d.def_path for d in s.deps if not isinstance(d, ParamsDependency)),
+                params_files=params,
+                outs=tuple(o.def_path for o in s.outs if not o.metric and not o.plot),
+                metrics=tuple(o.def_path for o in s.outs if o.metric),
+                plots=tuple(o.def_path for o in s.outs if o.plot))
+    order: list[str] = []
+    done: set[str] = set()
+    while len(order) < len(listed):
+        ready = [name for name in listed if name not in done and upstream[name] <= done]
+        if not ready:
+            raise DvcError(f"dvc.yaml: the stages {sorted(set(listed) - done)} depend on each other in a cycle")
+        first = min(ready, key=listed.__getitem__)
+        order.append(first)
+        done.add(first)
+    return [files[name] for name in order]
+
+
+def curriculum_items(stages: list[StageFiles]) -> list[str]:
+    """The curriculum items of the pipeline (``0``, ``1``, ...), in the order their stages run."""
+    seen: list[str] = []
+    for s in stages:
+        if s.item is not None and s.item not in seen:
+            seen.append(s.item)
+    return seen
+
+
+def stage_named(stages: list[StageFiles], step: str, item: str | None) -> StageFiles | None:
+    """The stage of ``step`` for curriculum ``item`` (``evaluate``, ``"1"`` -> ``evaluate@1``), if the pipeline has it."""
+    name = step if item is None else f"{step}@{item}"
+    return next((s for s in stages if s.name == name), None)

@@ -1,0 +1,320 @@
+"""``env-engineer report``: one self-contained HTML file (and its PNGs) about a curriculum run. Works offline: every
+image is embedded, there is no script and no external address. The run's files are found through ``dvc.yaml``
+(:func:`run_files`), so the report reads what the pipeline declares.
+
+Sections: benchmark curves per stage (Sum over sizes per agent count, with the reference planners); validation valid
+rate per stage and size (heatmap); the last stage's benchmark per agent count and size (heatmap); the configuration's
+evolution (per-size data share, hole ratio, wait ratio across stages); failure breakdowns per stage; the engineers'
+rationales and validation notes; rendered failure cases; and the engineer comparison when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import html
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from envgen.files import atomic_write_bytes, atomic_write_text
+from experiments.dvc import StageFiles, curriculum_items, pipeline_stages, stage_named
+
+
+def run_files(stages: list[StageFiles]) -> list[dict[str, Any]]:
+    """Per curriculum stage, the files of its run as ``dvc.yaml`` declares them: ``config`` (generate-instances' params
+    file), ``train`` (train's metrics), ``validation`` and ``trajectories`` (rollout's metrics and Parquet), ``bench``
+    and ``tables`` (evaluate's metrics and markdown), ``summary`` (summarize-failures' JSON), ``engineer`` (the
+    engineer's log). The stage after the last gets the engineer's proposed ``config`` alone."""
+    out = []
+    items = curriculum_items(stages)
+    for item in items:
+        def pick(step: str, kind: str, suffix: str = "") -> str | None:
+            s = stage_named(stages, step, item)
+            if s is None:
+                return None
+            paths = {"metrics": s.metrics, "outs": s.outs, "params": s.params_files}[kind]
+            return next((p for p in paths if p.endswith(suffix)), None)
+
+        out.append({"stage": int(item) if item.isdigit() else item, "config": pick("generate-instances", "params", ".yaml"),
+                    "train": pick("train", "metrics"), "validation": pick("rollout", "metrics"),
+                    "trajectories": pick("rollout", "outs", ".parquet"), "bench": pick("evaluate", "metrics"),
+                    "tables": pick("evaluate", "outs", ".md"), "summary": pick("summarize-failures", "outs", ".json"),
+                    "engineer": pick("engineer-config", "outs", ".json")})
+    last = stage_named(stages, "engineer-config", items[-1]) if items else None
+    proposal = next((p for p in last.outs if p.endswith(".yaml")), None) if last else None
+    if proposal and out and isinstance(out[-1]["stage"], int):
+        out.append({"stage": out[-1]["stage"] + 1, "config": proposal})
+    return out
+
+
+def load_run(root: Path, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Everything a report needs, per stage: the JSON files read, the configuration as a mapping, the paths of the
+    trajectories and tables (files not there are simply absent)."""
+    out = []
+    for spec in files:
+        entry: dict[str, Any] = {"stage": spec["stage"]}
+        for key in ("summary", "validation", "bench", "train", "engineer"):
+            path = spec.get(key) and root / spec[key]
+            if path and path.exists():
+                entry[key] = json.loads(path.read_text())
+        config = spec.get("config") and root / spec["config"]
+        if config and config.exists():
+            entry["config"] = yaml.safe_load(config.read_text())
+        for key in ("trajectories", "tables"):
+            path = spec.get(key) and root / spec[key]
+            if path and path.exists():
+                entry[key] = path
+        out.append(entry)
+    return out
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    figs: dict[str, bytes] = {}
+    trained = [e for e in run if "bench" in e]
+    if trained:
+        fig, ax = plt.subplots(figsize=(6.5, 3.6))
+        agents = sorted({a for e in trained for a in e["bench"]["bench_table"]}, key=int)
+        for i, a in enumerate(agents):
+            xs = [e["stage"] for e in trained]
+            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["acc"] for e in trained], "o-", color=f"C{i}", label=f"{a} agents: valid")
+            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["opt"] for e in trained], "s--", color=f"C{i}", alpha=0.6, label=f"{a} agents: optimal")
+            for name, style in (("prioritized", ":"), ("independent", "-.")):
+                ref = (trained[-1]["bench"].get("reference") or {}).get(name, {}).get(a)
+                if ref:
+                    ax.axhline(100 * ref["sum"]["acc"], color=f"C{i}", linestyle=style, linewidth=0.8)
+        ax.set_xlabel("stage")
+        ax.set_ylabel("benchmark rate, % (Sum over sizes)")
+        ax.set_ylim(-2, 102)
+        ax.set_xticks([e["stage"] for e in trained])
+        ax.legend(fontsize=7, ncol=2)
+        ax.set_title("Benchmark per stage (dotted: prioritized planner, dash-dot: independent)", fontsize=9)
+        figs["benchmark_curves"] = _png(fig)
+
+        last = trained[-1]["bench"]["bench_table"]
+        sizes = sorted({int(n) for a in last.values() for n in a["sizes"]})
+        grid = np.full((len(agents), len(sizes)), np.nan)
+        for i, a in enumerate(agents):
+            for j, n in enumerate(sizes):
+                cell = last[a]["sizes"].get(str(n))
+                if cell:
+                    grid[i, j] = 100 * cell["acc"]
+        figs["benchmark_heatmap"] = _heatmap(grid, [f"{a} agents" for a in agents], [f"{n}x{n}" for n in sizes],
+                                             f"Benchmark valid rate after stage {trained[-1]['stage']}, %")
+    validated = [e for e in run if "validation" in e]
+    if validated:
+        sizes = sorted({int(n) for e in validated for n in e["validation"]["validation_by_size"]})
+        grid = np.array([[100 * e["validation"]["validation_by_size"].get(str(n), {}).get("valid", np.nan) for n in sizes] for e in validated])
+        figs["validation_heatmap"] = _heatmap(grid, [f"stage {e['stage']}" for e in validated], [f"{n}x{n}" for n in sizes],
+                                              "Validation valid rate, %")
+    configs = [e for e in run if "config" in e]
+    if configs:
+        fig, axes = plt.subplots(1, 3, figsize=(10, 3.0), sharex=True)
+        sizes = sorted({int(n) for e in configs for n in e["config"]["sizes"]})
+        xs = [e["stage"] for e in configs]
+        for j, (knob, title) in enumerate((("share", "data share"), ("hole_ratio", "hole ratio"), ("wait_ratio", "wait ratio"))):
+            for i, n in enumerate(sizes):
+                ys = []
+                for e in configs:
+                    s = e["config"]["sizes"]
+                    total = sum(v["data_ratio"] for v in s.values()) or 1
+                    k = s.get(n) or s.get(str(n))
+                    ys.append(np.nan if k is None else (k["data_ratio"] / total if knob == "share" else k[knob]))
+                axes[j].plot(xs, ys, "o-", color=f"C{i % 10}", label=f"{n}x{n}")
+            axes[j].set_title(title, fontsize=9)
+            axes[j].set_xlabel("stage")
+            axes[j].set_xticks(xs)
+        axes[2].legend(fontsize=7, ncol=2)
+        fig.suptitle("Configuration per stage (the last one is the engineer's proposal for the next stage)", fontsize=9)
+        figs["config_evolution"] = _png(fig)
+    summaries = [e for e in run if "summary" in e and e["summary"].get("stage", -1) >= 0]
+    if summaries:
+        cats = sorted({c for e in summaries for c in e["summary"]["validation"]["overall"]["failures"]} |
+                      {f"unreadable:{c}" for e in summaries for c in e["summary"]["validation"]["overall"]["parse_errors"]})
+        fig, ax = plt.subplots(figsize=(6.5, 3.2))
+        bottom = np.zeros(len(summaries))
+        for i, cat in enumerate(cats + ["valid"]):
+            vals = []
+            for e in summaries:
+                o = e["summary"]["validation"]["overall"]
+                vals.append(100 * (o["valid"] if cat == "valid" else o["parse_errors"].get(cat.split(":", 1)[1], 0) if cat.startswith("unreadable:")
+                                   else o["failures"].get(cat, 0)))
+            palette = ["C0", "C1", "C3", "C4", "C5", "C6", "C7", "C8", "C9"]  # green is kept for valid answers
+            color = "tab:green" if cat == "valid" else palette[i % len(palette)]
+            ax.bar([str(e["stage"]) for e in summaries], vals, bottom=bottom, label=cat, color=color)
+            bottom += np.array(vals)
+        ax.set_xlabel("stage")
+        ax.set_ylabel("% of validation answers")
+        ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+        ax.set_title("Outcome of validation answers per stage", fontsize=9)
+        figs["failures"] = _png(fig)
+    return figs
+
+
+def _heatmap(grid, rows: list[str], cols: list[str], title: str) -> bytes:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.0 + 0.7 * len(cols), 0.8 + 0.45 * len(rows)))
+    im = ax.imshow(grid, vmin=0, vmax=100, cmap="viridis", aspect="auto")
+    ax.set_xticks(range(len(cols)), cols, fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    for i in range(len(rows)):
+        for j in range(len(cols)):
+            if grid[i, j] == grid[i, j]:
+                ax.text(j, i, f"{grid[i, j]:.0f}", ha="center", va="center", color="w" if grid[i, j] < 60 else "k", fontsize=7)
+    fig.colorbar(im, ax=ax, fraction=0.04)
+    ax.set_title(title, fontsize=9)
+    return _png(fig)
+
+
+def failure_cases(run: list[dict[str, Any]], limit: int = 4) -> list[tuple[str, bytes]]:
+    """PNG renders of failed validation answers of the last stage whose trajectories are on disk."""
+    import pyarrow.parquet as pq
+
+    from envgen.instance import Instance
+    from envgen.render import render_png
+    from envgen.simulate import moves_to_paths
+
+    for e in reversed(run):
+        path = e.get("trajectories")
+        if path is None:
+            continue
+        out = []
+        for row in pq.read_table(path).to_pylist():
+            if row["valid"] or not row["parsed"] or len(out) >= limit:
+                continue
+            inst = Instance.from_str(row["instance"])
+            plan = [line.split() for line in row["plan"]]
+            try:
+                paths = [[c for c in p if 0 <= c[0] < inst.height and 0 <= c[1] < inst.width] for p in moves_to_paths(inst, plan)]
+            except ValueError:
+                continue
+            title = f"stage {e['stage']}: {row['failure_category']} (agent {row['failure_agent']}, step {row['failure_step']})"
+            out.append((title, render_png(inst, paths=paths, cell_px=40, title=title)))
+        return out
+    return []
+
+
+def _img(data: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+
+
+def _md_table(text: str) -> str:
+    """The markdown tables this project writes, as HTML (headings, pipes; nothing else)."""
+    out, rows = [], []
+
+    def flush():
+        if rows:
+            head, *body = rows
+            out.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head) + "</tr>" +
+                       "".join("<tr>" + "".join(f"<td>{html.escape(c).replace('**', '')}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+            rows.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):
+                rows.append(cells)
+        else:
+            flush()
+            if line.startswith("#"):
+                out.append(f"<h4>{html.escape(line.lstrip('#').strip())}</h4>")
+            elif line.strip():
+                out.append(f"<p>{html.escape(line)}</p>")
+    flush()
+    return "\n".join(out)
+
+
+def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None = None, title: str = "env-engineer run",
+                 source: str = ".") -> list[Path]:
+    """Write the HTML report of ``run`` (:func:`load_run`) to ``out`` and its PNGs beside it; returns the files."""
+    figs = figures(run)
+    cases = failure_cases(run)
+    assets = out.with_suffix("").with_name(out.stem + "_assets")
+    written = []
+    for name, data in list(figs.items()) + [(f"failure_{i}", d) for i, (_, d) in enumerate(cases)]:
+        atomic_write_bytes(assets / f"{name}.png", data)
+        written.append(assets / f"{name}.png")
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             f"<p>{len([e for e in run if 'train' in e])} trained stage(s) in {html.escape(source)}.</p>"]
+    captions = {"benchmark_curves": "Benchmark curves", "benchmark_heatmap": "Benchmark by agents and size",
+                "validation_heatmap": "Validation by stage and size", "config_evolution": "Configuration evolution",
+                "failures": "Failure breakdown"}
+    for key, caption in captions.items():
+        if key in figs:
+            parts.append(f"<h2>{caption}</h2>{_img(figs[key], caption)}")
+    last_bench = next((e for e in reversed(run) if "tables" in e), None)
+    if last_bench is not None:
+        parts.append(f"<h2>Benchmark tables after stage {last_bench['stage']}</h2>" + _md_table(last_bench["tables"].read_text()))
+    rows = []
+    for e in run:
+        log = e.get("engineer")
+        if log:
+            notes = "; ".join(log.get("notes") or []) or "none"
+            rows.append(f"<tr><td>{e['stage']}</td><td>{html.escape(str(log.get('engineer')))} / {html.escape(str(log.get('context')))}"
+                        f"</td><td>{html.escape(log.get('rationale') or '-')}</td><td>{html.escape(notes)}</td>"
+                        f"<td>{'yes' if log.get('fallback') else 'no'}</td></tr>")
+    if rows:
+        parts.append("<h2>The engineer's decisions</h2><table><tr><th>stage</th><th>engineer / context</th><th>rationale</th>"
+                     "<th>validation notes</th><th>kept previous</th></tr>" + "".join(rows) + "</table>")
+    if cases:
+        parts.append("<h2>Failure cases</h2>" + "".join(f"<figure>{_img(d, t)}<figcaption>{html.escape(t)}</figcaption></figure>" for t, d in cases))
+    for e in run:
+        ex = (e.get("summary") or {}).get("examples") or []
+        if ex:
+            items = "".join(f"<li><b>{x['size']}x{x['size']}, {x['num_agents']} agents</b>: {html.escape(x['verdict'])}"
+                            f"<pre>{html.escape(x['board'])}</pre>answer: <code>{html.escape(x['answer'])}</code></li>" for x in ex[:4])
+            parts.append(f"<h3>Sampled failed answers, stage {e['stage']}</h3><ul>{items}</ul>")
+    if comparison is not None and comparison.exists():
+        from experiments.compare import render
+
+        parts.append("<h2>Engineer comparison</h2>" + _md_table(render(json.loads(comparison.read_text()))))
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}img{max-width:100%}"
+             "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
+             "pre{background:#f4f4f4;padding:4px;display:inline-block}figure{display:inline-block;margin:8px}")
+    document = f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}</style></head><body>{''.join(parts)}</body></html>"
+    atomic_write_text(out, document)
+    return [out, *written]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repo", type=Path, default=Path("."), help="the pipeline's repository (default: here); the "
+                        "files are those its dvc.yaml declares")
+    parser.add_argument("--comparison", type=Path, default=None, help="comparison.json from `env-engineer compare`")
+    parser.add_argument("--out", type=Path, default=Path("report.html"), help="HTML file to write; PNGs go to <name>_assets/")
+    parser.add_argument("--title", default="env-engineer run")
+
+
+def run(args: argparse.Namespace) -> int:
+    from experiments.dvc import DvcError
+
+    try:
+        run_ = load_run(args.repo, run_files(pipeline_stages(args.repo)))
+    except (DvcError, OSError, ValueError) as e:
+        print(f"error: {args.repo}: cannot read the pipeline ({e})", file=sys.stderr)
+        return 2
+    if not any(len(e) > 2 for e in run_):
+        print(f"error: {args.repo}: no stage has results yet (run the pipeline first: dvc repro)", file=sys.stderr)
+        return 2
+    files = build_report(run_, args.out, args.comparison, args.title, str(args.repo))
+    print(f"wrote {files[0]} and {len(files) - 1} PNG(s)")
+    return 0

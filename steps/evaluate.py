@@ -1,0 +1,87 @@
+"""Pipeline step ``evaluate``: score a stage's greedy answers on the benchmark in the paper's layout.
+
+Inputs: the benchmark, the stage's rollout on it (``env-engineer rollout``, run just before in the same DVC stage),
+the stage's training instances (re-checked: none may be a benchmark instance) and the reference rows. Outputs:
+``benchmark_metrics.json`` (DVC metrics: ``bench/acc/<A>_agents``, ``bench/opt/<A>_agents`` = the Sum over sizes per
+agent count; the whole table; the reference rows) and ``benchmark.md`` (tables in the paper's layout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from envgen.benchmark import cell_table, render_table
+from envgen.files import atomic_write_text
+
+
+def check_disjoint(benchmark: Path, training: list[Path]) -> int:
+    """The number of training instances checked; raises ValueError if any is a benchmark instance."""
+    bench = set(pq.read_table(benchmark, columns=["content_hash"]).column("content_hash").to_pylist())
+    seen = 0
+    for path in training:
+        hashes = pq.read_table(path, columns=["content_hash"]).column("content_hash").to_pylist()
+        overlap = bench.intersection(hashes)
+        if overlap:
+            raise ValueError(f"{path}: {len(overlap)} training instance(s) are in the benchmark, e.g. {sorted(overlap)[0][:16]}")
+        seen += len(hashes)
+    return seen
+
+
+def evaluate(benchmark: Path, trajectories: Path, training: list[Path], reference: Path | None) -> dict[str, Any]:
+    """Benchmark metrics of one stage's policy (greedy answers already in ``trajectories``)."""
+    wait_of = {r["content_hash"]: r["wait_subset"] for r in pq.read_table(benchmark, columns=["content_hash", "wait_subset"]).to_pylist()}
+    rows = [{**r, "wait_subset": wait_of[r["content_hash"]]} for r in pq.read_table(trajectories).to_pylist()]
+    table = cell_table(rows)
+    checked = check_disjoint(benchmark, training)
+    metrics = {"bench": {f"acc/{a}_agents": t["sum"]["acc"] for a, t in table.items()}
+               | {f"opt/{a}_agents": t["sum"]["opt"] for a, t in table.items()},
+               "bench_table": table, "disjoint": {"training_instances_checked": checked, "overlap": 0}}
+    if reference is not None:
+        metrics["reference"] = json.loads(Path(reference).read_text())
+    return metrics
+
+
+def tables(metrics: dict[str, Any]) -> str:
+    """The policy's table and the reference rows' tables, in markdown."""
+    parts = [render_table(metrics["bench_table"], "Policy (valid / optimal, %)")]
+    for name, table in (metrics.get("reference") or {}).items():
+        parts.append(render_table(table, f"Reference: {name}"))
+    parts.append(f"Training instances checked for overlap with the benchmark: {metrics['disjoint']['training_instances_checked']}, overlap 0.")
+    return "\n\n".join(parts) + "\n"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--benchmark", type=Path, required=True, help="benchmark instances Parquet")
+    parser.add_argument("--trajectories", type=Path, required=True, help="the stage's rollout on the benchmark")
+    parser.add_argument("--training", type=Path, action="append", default=[], help="training instances so far (repeatable)")
+    parser.add_argument("--reference", type=Path, default=None, help="reference rows JSON to include")
+    parser.add_argument("--out-metrics", type=Path, required=True, help="metrics JSON (dvc metrics)")
+    parser.add_argument("--out-table", type=Path, required=True, help="markdown tables in the paper's layout")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        metrics = evaluate(args.benchmark, args.trajectories, args.training, args.reference)
+    except (ValueError, OSError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    atomic_write_text(args.out_metrics, json.dumps(metrics, indent=2))
+    atomic_write_text(args.out_table, tables(metrics))
+    print("benchmark: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics["bench"].items()))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="env-engineer evaluate", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""Pipeline step ``rollout``: the policy (+ adapter) answers every instance of an instances Parquet G times; every answer
+is parsed, checked, rewarded and written to a trajectories Parquet (:data:`envgen.schemas.TRAJECTORIES`, atomically).
+
+Settings: params.yaml's ``policy`` (model, prompt, reward: the policy is evaluated exactly as it is trained) and
+``rollout`` sections (:class:`pipeline.params.RolloutSettings`); the benchmark evaluation runs this step with
+``--set rollout.max_new_tokens=${evaluate.max_new_tokens}``. Imports no Prefect, DVC, polars or great-expectations
+(``env-engineer validate --kind trajectories`` checks the output, as the pipeline does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from envgen.dataset import read_instances, write_dataset
+from envgen.files import atomic_write_text
+from envgen.instance import Instance
+from envgen.prompt import build_messages
+from envgen.reward import score_completion
+from envgen.schemas import TRAJECTORIES
+from pipeline.params import ParamsError, PolicySettings, RolloutSettings, add_params_arguments, load_params
+from policy.backends import SamplingParams, make_backend
+
+
+def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: str | None) -> dict[str, Any]:
+    """The options of ``settings.backend``'s constructor (:data:`policy.backends.BACKENDS`)."""
+    if settings.backend == "openai":
+        return {"base_url": settings.base_url, "model": policy.model, "api_key_env": settings.api_key_env}
+    options = {"model": policy.model, "adapter": adapter, "batch_size": settings.batch_size, "threads": settings.threads}
+    if settings.backend == "transformers":
+        options.update(cache=settings.cache, compile_backend=settings.compile_backend)
+    return options
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """What a rollout produced: rows, rates, and where its time went."""
+
+    out: Path
+    rows: int
+    seconds: float
+    completion_tokens: int
+    parsed_rate: float
+    valid_rate: float
+    optimal_rate: float
+    mean_reward: float
+    load_seconds: float = 0.0
+    """Seconds spent loading the model (0 when a loaded backend was passed in); ``seconds`` is generation alone."""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / max(self.seconds, 1e-9)
+
+
+def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings = PolicySettings(),
+            settings: RolloutSettings = RolloutSettings(), adapter: str | None = None, stage: int = 0,
+            limit: int | None = None, backend: Any = None, progress: bool = True) -> RolloutSummary:
+    """Run the rollout and write the trajectories Parquet. ``limit``: only the first instances; ``backend`` may be
+    passed to reuse a loaded model."""
+    from tqdm import tqdm
+
+    table = read_instances(instances_path)
+    rows_in = table.to_pylist()[:limit]
+    instances = [Instance.from_str(r["instance"]) for r in rows_in]
+    loading = time.perf_counter()
+    backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
+    load_seconds = time.perf_counter() - loading
+    conversations = [build_messages(inst, policy.prompt) for inst in instances]
+    params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                            top_p=settings.top_p, seed=settings.seed)
+    start = time.perf_counter()
+    with tqdm(total=len(conversations), desc="rollout", unit="inst", disable=not progress, file=sys.stderr) as bar:
+        generations = backend.generate(conversations, settings.samples, params, on_progress=bar.update)
+    seconds = time.perf_counter() - start
+    rows = []
+    for row, inst, conv, gens in zip(rows_in, instances, conversations, generations):
+        prompt = json.dumps(conv)
+        for j, g in enumerate(gens):
+            s = score_completion(inst, g.text, row["optimal_soc"], policy.reward)
+            rows.append({
+                "instance_id": row["instance_id"], "content_hash": row["content_hash"], "instance_index": row["index"],
+                "stage": stage, "sample_index": j, "size": row["size"], "num_agents": row["num_agents"],
+                "needs_wait": row["needs_wait"], "instance": row["instance"], "prompt": prompt, "completion": g.text,
+                "prompt_tokens": g.prompt_tokens, "completion_tokens": g.completion_tokens, "finish_reason": g.finish_reason,
+                "parsed": s.parsed, "parse_error": s.parse_error, "plan": s.plan, "valid": s.valid, "optimal": s.optimal,
+                "failure_category": s.failure, "failure_agent": s.failure_agent, "failure_step": s.failure_step,
+                "soc": s.soc, "makespan": s.makespan, "optimal_soc": row["optimal_soc"], "reward": s.reward,
+                "model_id": backend.model_id, "adapter_hash": backend.adapter_hash, "backend": settings.backend,
+                "seed": g.seed, "latency_s": g.latency_s,
+            })
+    record = {"policy": policy.model_dump(mode="json"), "rollout": settings.model_dump(mode="json"), "adapter": adapter,
+              "stage": stage, "limit": limit}
+    write_dataset(out, rows, TRAJECTORIES, {"rollout": json.dumps(record)})
+    n = max(1, len(rows))
+    return RolloutSummary(Path(out), len(rows), seconds, sum(r["completion_tokens"] for r in rows),
+                          sum(r["parsed"] for r in rows) / n, sum(r["valid"] for r in rows) / n,
+                          sum(r["optimal"] for r in rows) / n, sum(r["reward"] for r in rows) / n, load_seconds)
+
+
+def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
+    """Validation metrics of a trajectories file (DVC metrics): overall and per size, namespaced."""
+    table = pq.read_table(trajectories).to_pylist()
+
+    def rates(rows: list[dict]) -> dict:
+        n = max(1, len(rows))
+        return {"valid": sum(r["valid"] for r in rows) / n, "optimal": sum(r["optimal"] for r in rows) / n,
+                "parsed": sum(r["parsed"] for r in rows) / n, "reward": sum(r["reward"] for r in rows) / n, "n": len(rows)}
+    metrics = {"validation": rates(table), "validation_by_size": {
+        str(size): rates([r for r in table if r["size"] == size]) for size in sorted({r["size"] for r in table})}}
+    atomic_write_text(metrics_path, json.dumps(metrics, indent=2))
+    return metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument("--instances", required=True, type=Path, help="instances Parquet (generate-instances)")
+    parser.add_argument("--out", required=True, type=Path, help="trajectories Parquet to write (atomically)")
+    parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) to apply")
+    parser.add_argument("--stage", type=int, default=0, help="curriculum stage recorded with each row (default 0)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N instances")
+    parser.add_argument("--out-metrics", type=Path, default=None, help="also write validation metrics JSON here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy.backends import BackendError
+    from policy.devices import claim_gpu
+    from policy.models import ModelNotFoundError
+
+    started = time.perf_counter()
+    try:
+        if args.limit is not None and args.limit < 1:
+            raise ValueError(f"--limit {args.limit}: must be at least 1")
+        params = load_params(args.params, args.set)
+        if params.rollout.backend != "openai":
+            claim_gpu()
+        summary = rollout(args.instances, args.out, params.policy, params.rollout, args.adapter, args.stage, args.limit,
+                          progress=not args.no_progress)
+    except (ParamsError, ValueError, ModelNotFoundError, BackendError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {summary.rows} trajectories to {summary.out} in {summary.seconds:.1f} s "
+          f"({summary.tokens_per_s:.1f} completion tokens/s); parsed {summary.parsed_rate:.3f}, valid {summary.valid_rate:.3f}, "
+          f"optimal {summary.optimal_rate:.3f}, mean reward {summary.mean_reward:.3f}")
+    print(f"time: model loading {summary.load_seconds:.1f} s, generation {summary.seconds:.1f} s, "
+          f"{time.perf_counter() - started:.1f} s since the command started")
+    if args.out_metrics:
+        write_metrics(args.out_metrics, args.out)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="env-engineer rollout", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

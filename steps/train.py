@@ -1,0 +1,325 @@
+"""Pipeline step ``train``: an optional supervised warm start on solver demonstrations (TRL ``SFTTrainer``), then GRPO
+(TRL ``GRPOTrainer``, configured, not subclassed) with the MAPF reward, on a LoRA adapter (PEFT) that starts from the
+previous stage's adapter or fresh.
+
+Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
+the next stage reads it), every GRPO completion with its reward and failure category (Parquet,
+:data:`envgen.schemas.COMPLETIONS`), metrics (JSON: reward and validity per step and per map size, warm-start losses,
+wall time) and the per-step history (for ``dvc plots``).
+
+Settings: params.yaml's ``policy`` (model, prompt, reward) and ``train`` sections
+(:class:`pipeline.params.TrainSettings`). Imports no Prefect, DVC or polars.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+from envgen.dataset import read_instances, write_dataset
+from envgen.files import atomic_write_text, replace_dir
+from envgen.instance import Instance
+from envgen.prompt import PromptStyle, build_messages, format_answer
+from envgen.reward import RewardConfig, completion_text, instance_from_text, score_completion
+from envgen.schemas import COMPLETIONS
+from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
+
+
+class RecordingReward:
+    """The MAPF reward for GRPO that also keeps every scored completion (with the trainer's step)."""
+
+    __name__ = "mapf_reward"
+
+    def __init__(self, config: RewardConfig) -> None:
+        self.config = config
+        self.rows: list[dict[str, Any]] = []
+
+    def __call__(self, prompts=None, completions=None, instance=None, optimal_soc=None, instance_id=None, size=None,
+                 needs_wait=None, trainer_state=None, log_metric=None, **_: Any) -> list[float]:
+        step = int(getattr(trainer_state, "global_step", 0) or 0)
+        rewards = []
+        for k, completion in enumerate(completions):
+            text = completion_text(completion)
+            inst = instance_from_text(instance[k])
+            s = score_completion(inst, text, optimal_soc[k], self.config)
+            rewards.append(s.reward)
+            self.rows.append({"step": step, "instance_id": instance_id[k], "size": size[k], "num_agents": inst.num_agents,
+                              "needs_wait": needs_wait[k], "completion": text, "reward": s.reward, "parsed": s.parsed,
+                              "parse_error": s.parse_error, "valid": s.valid, "optimal": s.optimal,
+                              "failure_category": s.failure, "soc": s.soc, "optimal_soc": optimal_soc[k]})
+        if log_metric is not None and completions:
+            batch = self.rows[-len(completions):]
+            log_metric("mapf/valid_rate", sum(r["valid"] for r in batch) / len(batch))
+            log_metric("mapf/parsed_rate", sum(r["parsed"] for r in batch) / len(batch))
+        return rewards
+
+
+def pick_device(settings: TrainSettings) -> str:
+    """'cuda' or 'cpu' for the setting ('auto': CUDA when there is a GPU)."""
+    import torch
+
+    if settings.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return settings.device
+
+
+def demonstrations(rows: list[dict[str, Any]], style: PromptStyle) -> list[dict[str, Any]]:
+    """Prompt-completion pairs: each instance's solver-optimal plan written in the exact answer format."""
+    out = []
+    for row in rows:
+        inst = Instance.from_str(row["instance"])
+        moves = [line.split() for line in row["optimal_plan"]]
+        out.append({"prompt": build_messages(inst, style),
+                    "completion": [{"role": "assistant", "content": format_answer(inst, moves, style)}]})
+    return out
+
+
+CHECKPOINTING_MIN_PARAMS = 1_000_000_000
+"""``gradient_checkpointing: auto`` recomputes activations on CUDA from this many model parameters on (Qwen3-4B did not
+fit 16 x 512 tokens per pass in 80 GB without it; the 135M embedded model needs 12 GiB)."""
+
+
+def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool:
+    """Whether to recompute activations: the setting, or for 'auto' CUDA and a model of at least 1B parameters."""
+    if setting != "auto":
+        return bool(setting)
+    return device == "cuda" and parameters >= CHECKPOINTING_MIN_PARAMS
+
+
+def _common_args(config: TrainSettings, device: str, work: Path, model: Any, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
+    cuda = device == "cuda"
+    checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
+    compiled = config.torch_compile is True or config.torch_compile == phase
+    return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
+            "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
+            "dataloader_num_workers": 0, "torch_compile": compiled, "pad_to_multiple_of": padding_multiple(config, compiled)}
+
+
+PAD_MULTIPLE_WHEN_COMPILED = 128
+"""``pad_to_multiple_of: auto`` pads to this many tokens when the model is compiled (TRL's own choice for Neuron, which
+also compiles once per shape)."""
+
+
+def padding_multiple(config: TrainSettings, compiled: bool) -> int | None:
+    """The padding multiple handed to TRL: the setting, or for 'auto' PAD_MULTIPLE_WHEN_COMPILED in a compiled phase."""
+    if config.pad_to_multiple_of == "auto":
+        return PAD_MULTIPLE_WHEN_COMPILED if compiled else None
+    return config.pad_to_multiple_of
+
+
+def step_clock() -> Any:
+    """A trainer callback whose ``seconds`` lists the wall seconds of each optimizer step (the first ones hold any
+    compilation), so a stage's metrics show where its time went."""
+    from transformers import TrainerCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self) -> None:
+            self.seconds: list[float] = []
+            self._start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self._start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(round(time.perf_counter() - self._start, 3))
+
+    return StepClock()
+
+
+def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path) -> dict[str, Any]:
+    """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    demos = demonstrations(rows[: config.sft_max_examples], style)
+    args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
+                     per_device_train_batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate,
+                     lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
+    clock = step_clock()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
+                         callbacks=[clock])
+    start = time.perf_counter()
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": time.perf_counter() - start,
+            "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
+            "sft/loss_history": losses, "sft/step_seconds": clock.seconds}
+
+
+def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device: str,
+         work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """GRPO on the stage's instances within the trajectory budget."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    data = [{"prompt": build_messages(Instance.from_str(r["instance"]), policy.prompt), "instance": r["instance"],
+             "optimal_soc": r["optimal_soc"], "instance_id": r["instance_id"], "size": r["size"],
+             "needs_wait": r["needs_wait"]} for r in rows]
+    per_step = config.prompts_per_step * config.num_generations
+    steps = max(1, math.ceil(config.trajectories / per_step))
+    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
+    extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}
+    if config.continuous_batching and not use_vllm:
+        extra["use_transformers_continuous_batching"] = True
+    rollout_func = None
+    if use_backend_generation(config.grpo_generation, device, use_vllm):
+        from policy.grpo_rollout import backend_rollout, longest_prompt
+
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+        rollout_func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length,
+                                       temperature=config.temperature, top_p=1.0, seed=config.seed,
+                                       prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
+    micro = math.gcd(per_step, config.micro_batch_size)
+    args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
+                      gradient_accumulation_steps=per_step // micro,
+                      num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
+                      beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
+                      remove_unused_columns=False, lr_scheduler_type="constant", **extra)
+    reward = RecordingReward(policy.reward)
+    clock = step_clock()
+    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
+                          processing_class=tok, rollout_func=rollout_func, callbacks=[clock])
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    metrics = summarize_grpo(reward.rows, steps, seconds, use_vllm)
+    metrics["train/step_seconds"] = clock.seconds
+    metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
+    return metrics, reward.rows
+
+
+def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
+    """Whether GRPO samples through the project's backend: the setting, or for 'auto' CUDA without vLLM."""
+    if setting == "auto":
+        return device == "cuda" and not use_vllm
+    return setting == "backend"
+
+
+def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_vllm: bool) -> dict[str, Any]:
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    by_size: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_step[r["step"]].append(r)
+        by_size[r["size"]].append(r)
+
+    def stats(rs: list[dict]) -> dict[str, float]:
+        n = max(1, len(rs))
+        return {"reward": sum(r["reward"] for r in rs) / n, "valid": sum(r["valid"] for r in rs) / n,
+                "optimal": sum(r["optimal"] for r in rs) / n, "parsed": sum(r["parsed"] for r in rs) / n, "count": len(rs)}
+
+    history = [{"step": s, **stats(rs)} for s, rs in sorted(by_step.items())]
+    quarter = max(1, len(history) // 4)
+    first = [r for h in history[:quarter] for r in by_step[h["step"]]]
+    last = [r for h in history[-quarter:] for r in by_step[h["step"]]]
+    overall = stats(rows)
+    return {"train/steps": steps, "train/trajectories": len(rows), "train/seconds": seconds, "train/use_vllm": use_vllm,
+            "train/reward_mean": overall["reward"], "train/valid_rate": overall["valid"], "train/optimal_rate": overall["optimal"],
+            "train/reward_first_quarter": stats(first)["reward"], "train/reward_last_quarter": stats(last)["reward"],
+            "train/valid_first_quarter": stats(first)["valid"], "train/valid_last_quarter": stats(last)["valid"],
+            "train/per_size": {str(k): stats(v) for k, v in sorted(by_size.items())}, "train/history": history}
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def train(instances: str | Path, out_adapter: str | Path, out_completions: str | Path, out_metrics: str | Path,
+          settings: TrainSettings = TrainSettings(), policy: PolicySettings = PolicySettings(),
+          init_adapter: str | Path | None = None, out_history: str | Path | None = None) -> dict[str, Any]:
+    """Run the step; returns the metrics. ``out_metrics`` gets the scalar and per-size metrics (for ``dvc metrics``),
+    ``out_history`` (optional) the per-step records (for ``dvc plots``): GRPO reward, validity, warm-start loss."""
+    import torch
+    from transformers import set_seed
+
+    from policy.lora import load_trainable
+
+    if settings.threads:
+        torch.set_num_threads(settings.threads)
+    set_seed(settings.seed)
+    device = pick_device(settings)
+    out_adapter = Path(out_adapter)
+    out_adapter.parent.mkdir(parents=True, exist_ok=True)
+    rows = read_instances(instances).to_pylist()
+    for stale in out_adapter.parent.glob(f".{out_adapter.name}.work-*"):  # left by a run that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    work = Path(tempfile.mkdtemp(dir=out_adapter.parent, prefix=f".{out_adapter.name}.work-"))
+    start = time.perf_counter()
+    try:
+        model, tok = load_trainable(policy.model, init_adapter, r=settings.lora_r, alpha=settings.lora_alpha,
+                                    dropout=settings.lora_dropout, targets=settings.lora_targets, device=device,
+                                    seed=settings.seed)
+        metrics: dict[str, Any] = {"model": policy.model, "init_adapter": str(init_adapter) if init_adapter else None,
+                                   "device": device, "instances": len(rows)}
+        if settings.sft:
+            metrics.update(warm_start(model, tok, rows, settings, policy.prompt, device, work))
+        completions: list[dict[str, Any]] = []
+        if settings.grpo:
+            grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work)
+            metrics.update(grpo_metrics)
+        staged = work / "adapter"
+        model.save_pretrained(staged)
+        tok.save_pretrained(staged)
+        record = {**settings.model_dump(mode="json"), **policy.model_dump(mode="json")}
+        (staged / "train_config.json").write_text(json.dumps(record, indent=2))
+        metrics["seconds"] = time.perf_counter() - start
+        write_dataset(out_completions, completions, COMPLETIONS)
+        lists = ("train/history", "sft/loss_history")
+        atomic_write_text(out_metrics, json.dumps({k: v for k, v in metrics.items() if k not in lists}, indent=2, default=str))
+        if out_history is not None:
+            history = [{"phase": "grpo", **h} for h in metrics.get("train/history", [])]
+            history += [{"phase": "sft", "step": i, "loss": loss} for i, loss in enumerate(metrics.get("sft/loss_history", []))]
+            atomic_write_text(out_history, json.dumps(history, indent=1))
+        replace_dir(staged, out_adapter)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return metrics
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_params_arguments(parser)
+    parser.add_argument("--instances", required=True, type=Path, help="the stage's instances Parquet")
+    parser.add_argument("--out-adapter", required=True, type=Path, help="LoRA adapter folder to write (replaced atomically)")
+    parser.add_argument("--out-completions", required=True, type=Path, help="Parquet of every GRPO completion with its reward")
+    parser.add_argument("--out-metrics", required=True, type=Path, help="metrics JSON")
+    parser.add_argument("--out-history", type=Path, default=None, help="per-step records JSON (GRPO reward, warm-start loss)")
+    parser.add_argument("--init-adapter", type=Path, default=None, help="previous stage's adapter to continue from")
+
+
+def run(args: argparse.Namespace) -> int:
+    from policy.devices import claim_gpu
+    from policy.models import ModelNotFoundError
+
+    try:
+        params = load_params(args.params, args.set)
+        if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
+            raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
+        claim_gpu()
+        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, params.train,
+                        params.policy, args.init_adapter, args.out_history)
+    except (ParamsError, ValueError, ModelNotFoundError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    keys = ("sft/loss_first", "sft/loss_last", "train/reward_first_quarter", "train/reward_last_quarter", "train/valid_rate", "seconds")
+    print("trained: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if isinstance(metrics.get(k), (int, float))))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="env-engineer train", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+import json
+import subprocess
+
+import pytest
+import yaml
+
+from experiments.compare import (aggregate, experiment_plan, experiment_records, last_stage_result, mean_ci,
+                                 missing, queue_args, render, waves)
+from experiments.dvc import StageFiles, dvc_env
+
+
+def stage(name: str, metrics: str) -> StageFiles:
+    return StageFiles(name=name, deps=(), params_files=(), outs=(), metrics=(metrics,), plots=())
+
+
+STAGES = [stage(f"{step}@{k}", f"data/stages/{k}/{file}") for k in (0, 1)
+          for step, file in (("rollout", "validation_metrics.json"), ("evaluate", "benchmark_metrics.json"))]
+CURRICULUM = [{"stage": 0, "prev": "init", "next": 1}, {"stage": 1, "prev": 0, "next": 2}]
+
+
+def test_comparison_aggregate_with_confidence_intervals():
+    assert mean_ci([1.0]) == {"mean": 1.0, "ci95": 0.0, "n": 1}
+    m = mean_ci([0.2, 0.4, 0.6])
+    assert m["mean"] == pytest.approx(0.4) and m["ci95"] == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
+    plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
+    assert len(plan) == 6 and plan[0]["set"]["engineer.engineer"] == "heuristic" and plan[0]["set"]["train.seed"] == 0
+    assert queue_args(plan[0], {"train.trajectories": 64})[:5] == ["exp", "run", "--queue", "-n", "cmp-heuristic-s0"]
+    assert "train.trajectories=64" in queue_args(plan[0], {"train.trajectories": 64})
+    show = [{"rev": "workspace", "experiments": None},
+            {"rev": "abc", "experiments": [{"revs": [{"name": p["name"], "data": {
+                "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}}},
+                "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.0}}},
+                            "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}}}}]}
+                for i, p in enumerate(plan)]}]
+    table = aggregate(experiment_records(show), plan, STAGES)
+    assert table["heuristic"]["seeds"] == [0, 1, 2]
+    assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.2)  # last stage only
+    assert "heuristic | 3 |" in render(table)
+    assert missing(experiment_records(show), plan, STAGES) == []
+    partial = experiment_records(show)[1:]  # e.g. cmp-heuristic-s0 ran from an earlier commit
+    assert missing(partial, plan, STAGES) == ["cmp-heuristic-s0"]
+    assert aggregate(partial, plan, STAGES)["heuristic"]["seeds"] == [1, 2]
+    records = experiment_records(show)
+    records[0]["metrics"]["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.25, "optimal": 0.125}}
+    assert last_stage_result(records[0], STAGES) == {"acc/3_agents": pytest.approx(0.1), "val/valid": 0.25, "val/optimal": 0.125}
+    cut = experiment_records(show)  # an experiment that stopped after evaluate@0: stage 0's numbers must not stand in
+    del cut[0]["metrics"]["data/stages/1/benchmark_metrics.json"]
+    assert last_stage_result(cut[0], STAGES) is None
+    assert missing(cut, plan, STAGES) == ["cmp-heuristic-s0"] and aggregate(cut, plan, STAGES)["heuristic"]["seeds"] == [1, 2]
+    first, rest = waves(plan)  # the first experiment of every seed first: the rest restore its shared stages
+    assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
+    left = waves(plan, {"cmp-heuristic-s0", "cmp-heuristic-s1", "cmp-heuristic-s2", "cmp-fixed-s1"})
+    assert [[p["name"] for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
+    ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
+    assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
+
+
+SCRIPT = ("import json, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); "
+          "v = p['train']['seed'] / 10 + (0.5 if p['engineer']['engineer'] == 'heuristic' else 0); "
+          "pathlib.Path('m').mkdir(exist_ok=True); "
+          "pathlib.Path('m/{name}${{item.stage}}.json').write_text(json.dumps({metric}))")
+
+
+def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_show(tmp_path, capsys):
+    """A stand-in pipeline with the real names (evaluate@K, rollout@K) queued as DVC experiments, run two at a time,
+    and the table built from `dvc exp show`; a second call only collects, and bad overrides stop before queueing."""
+    from env_engineer.cli import main
+
+    from tests.helpers import ROOT
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["curriculum"] = [{"stage": 0, "prev": "init", "next": 1}]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    def stage_body(name: str, metric: str) -> dict:
+        script = SCRIPT.format(name=name, metric=metric)
+        return {"cmd": f'python -c "{script}"', "params": ["engineer", "train"],
+                "metrics": [{f"m/{name}${{item.stage}}.json": {"cache": False}}]}
+
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "rollout": {"foreach": "${curriculum}", "do": stage_body("val", "{'validation': {'valid': v / 2}}")},
+        "evaluate": {"foreach": "${curriculum}", "do": stage_body("bench", "{'bench': {'acc/3_agents': v}}")},
+    }}, sort_keys=False))
+    env = dvc_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
+        subprocess.run(cmd, cwd=tmp_path, check=True, env=env)
+    out_json = tmp_path / "c.json"
+    args = ["compare", "--repo", str(tmp_path), "--engineers", "fixed,heuristic", "--seeds", "1,2", "--out-json", str(out_json),
+            "--out-md", str(tmp_path / "c.md")]
+    assert main(args + ["--run", "--jobs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "queued cmp-fixed-s1" in printed and "queue:" in printed
+    table = json.loads(out_json.read_text())
+    assert table["fixed"]["seeds"] == [1, 2] and table["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.15)
+    assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.65)
+    assert table["heuristic"]["metrics"]["val/valid"]["mean"] == pytest.approx(0.325)
+    assert main(args) == 0 and json.loads(out_json.read_text()) == table  # collect only: the same table
+    assert main(args + ["--set", "train.no_such_knob=1"]) == 2
+    assert "train.no_such_knob" in capsys.readouterr().err
+    assert main(args[:3] + ["--engineers", "oracle"]) == 2
+    assert "unknown engineer" in capsys.readouterr().err

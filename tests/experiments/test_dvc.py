@@ -1,0 +1,40 @@
+import shutil
+import subprocess
+
+import pytest
+
+from experiments.dvc import DvcError, curriculum_items, dvc, dvc_env, pipeline_stages, stage_named
+
+from tests.helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A copy of the project's own dvc.yaml and params.yaml in a fresh DVC repository."""
+    path = tmp_path_factory.mktemp("project")
+    shutil.copy(ROOT / "dvc.yaml", path / "dvc.yaml")
+    shutil.copy(ROOT / "params.yaml", path / "params.yaml")
+    subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=path, check=True, env=dvc_env())
+    return path
+
+
+def test_stages_come_from_dvc_yaml_in_an_order_that_runs_each_after_its_inputs(project):
+    stages = pipeline_stages(project)
+    names = [s.name for s in stages]
+    assert names[:3] == ["validation-set", "benchmark", "init-curriculum"]
+    per_stage = ["generate-instances", "train", "rollout", "evaluate", "summarize-failures", "engineer-config"]
+    assert names[3:] == [f"{step}@{k}" for k in (0, 1) for step in per_stage]
+    position = {name: i for i, name in enumerate(names)}
+    for s in stages:  # every file a stage reads is written by a stage before it, if by any
+        for dep in (*s.deps, *s.params_files):
+            writer = next((w for w in stages if dep in (*w.outs, *w.metrics, *w.plots)), None)
+            assert writer is None or position[writer.name] < position[s.name], (s.name, dep)
+    assert curriculum_items(stages) == ["0", "1"]
+    train = stage_named(stages, "train", "1")
+    assert train.step == "train" and train.item == "1" and train.out("train_metrics.json") in train.metrics
+    assert stage_named(stages, "train", "7") is None and stage_named(stages, "benchmark", None).item is None
+
+
+def test_dvc_errors_hold_the_output(project):
+    with pytest.raises(DvcError, match="no-such-stage"):
+        dvc(["repro", "--dry", "no-such-stage"], project)

@@ -1,0 +1,86 @@
+import pytest
+import yaml
+
+from envgen.prompt import PromptStyle
+from pipeline.params import (SECTIONS, Params, ParamsError, apply_overrides, load_params, parse_overrides,
+                             validate_params)
+
+from tests.helpers import ROOT
+
+
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "gpu-embedded"])
+def test_every_preset_is_a_valid_params_file(preset):
+    params = load_params(ROOT / "presets" / f"{preset}.yaml")
+    assert isinstance(params, Params) and [s.stage for s in params.curriculum] == list(range(len(params.curriculum)))
+    assert set(yaml.safe_load((ROOT / "presets" / f"{preset}.yaml").read_text())) == set(SECTIONS)  # every section written
+
+
+def test_the_comparison_preset_differs_from_the_cpu_default_only_in_scale():
+    cpu, gpu = load_params(ROOT / "presets" / "cpu.yaml"), load_params(ROOT / "presets" / "gpu-embedded.yaml")
+    assert gpu.policy == cpu.policy and gpu.engineer == cpu.engineer.model_copy(update={"threads": None})
+    paper = load_params(ROOT / "presets" / "gpu.yaml")
+    assert len(paper.curriculum) == 4 and paper.train.trajectories == 4000 and paper.policy.model == "Qwen/Qwen3-4B"
+
+
+def test_params_yaml_holds_the_cpu_presets_values():
+    assert load_params(ROOT / "params.yaml") == load_params(ROOT / "presets" / "cpu.yaml")
+
+
+def test_one_override_syntax_the_words_of_dvc_exp_run_S():
+    params = load_params(ROOT / "params.yaml", ["train.trajectories=64", "policy.prompt.think=true", "env.sizes.3.hole_ratio=0.3",
+                                                "curriculum.1.prev=0", "engineer.trust_region={hole_ratio: 0.1}"])
+    assert params.train.trajectories == 64 and params.policy.prompt == PromptStyle(moves="letters", trace=True, think=True)
+    assert params.env.sizes[3].hole_ratio == 0.3 and params.engineer.trust_region == {"hole_ratio": 0.1}
+    assert load_params(ROOT / "params.yaml", {"train.seed": 3}).train.seed == 3  # a parsed mapping too
+    data = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert apply_overrides(data, {"train.seed": 9})["train"]["seed"] == 9 and data["train"]["seed"] == 0  # a copy
+
+
+@pytest.mark.parametrize("items, fragment", [
+    (["foo.bar=1"], "no section 'foo'"),
+    (["train.lora_r=0"], "train.lora_r = 0: allowed range [1, 512]"),
+    (["train.learning_rat=1e-5"], "train.learning_rat = 1e-05: unknown field"),
+    (["engineer.engineer=oracle"], "engineer.engineer = 'oracle'"),
+    (["engineer.trust_region={holes: 0.1}"], "unknown knob(s) ['holes']"),
+    (["engineer.trust_region={hole_ratio: -1}"], "engineer.trust_region.hole_ratio = -1"),
+    (["rollout.backend=openai"], "rollout.base_url"),
+    (["engineer.engineer=api"], "engineer.base_url"),
+    (["policy.reward.optimal=0.1"], "a worse answer must never earn more"),
+    (["policy.prompt.view=picture"], "policy.prompt.view = 'picture'"),
+    (["env.sizes.3.hole_ratio=0.9"], "env.sizes.3.hole_ratio = 0.9: allowed range [0.0, 0.5]"),
+    (["curriculum.1.prev=5"], "curriculum.1.prev = 5: set it to 0"),
+    (["train.seed"], "use SECTION.KEY=VALUE"),
+    (["train.seed=[1"], "not valid YAML"),
+    (["train..seed=1"], "use SECTION.KEY=VALUE"),
+])
+def test_bad_overrides_name_the_field_and_the_fix(items, fragment):
+    with pytest.raises(ParamsError) as e:
+        load_params(ROOT / "params.yaml", items)
+    assert fragment in str(e.value)
+
+
+def test_bad_files_are_errors_that_name_the_file(tmp_path):
+    for text, fragment in (("train: [1\n", "not valid YAML"), ("- 1\n", "expected a mapping of sections"),
+                           ("train: {}\n", "curriculum: the field is required")):
+        (tmp_path / "p.yaml").write_text(text)
+        with pytest.raises(ParamsError, match="p.yaml"):
+            load_params(tmp_path / "p.yaml")
+        with pytest.raises(ParamsError) as e:
+            load_params(tmp_path / "p.yaml")
+        assert fragment in str(e.value)
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(ParamsError, match="cannot read"):
+        load_params(tmp_path / "bin.yaml")
+    with pytest.raises(ParamsError, match="cannot read"):
+        load_params(tmp_path / "missing.yaml")
+    huge = yaml.safe_load((ROOT / "params.yaml").read_text())
+    huge["train"]["lora_targets"] = "x" * 100_000  # a long value is shown cut, never whole
+    huge["train"]["lora_r"] = "y" * 100_000
+    with pytest.raises(ParamsError) as e:
+        validate_params(huge, "params.yaml")
+    assert len(str(e.value)) < 1000
+
+
+def test_overrides_parse_as_yaml_values():
+    assert parse_overrides(["a.b=64", "a.c=false", "a.d=[1, 2]", "a.e=null", "a.f=text"]) == {
+        "a.b": 64, "a.c": False, "a.d": [1, 2], "a.e": None, "a.f": "text"}

@@ -1,0 +1,254 @@
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from envgen.instance import Instance
+from envgen.prompt import build_messages
+from policy.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend, VLLMBackend, make_backend
+from policy.serve import make_server
+
+CONVS = [build_messages(Instance(("FF", "FF"), ((0, 0), (1, 1)), ((1, 1), (0, 0))))] * 3
+PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
+
+
+@pytest.fixture(scope="module")
+def tiny_backend(tiny_model_dir):
+    return TransformersBackend(str(tiny_model_dir), device="cpu", batch_size=2, threads=1)
+
+
+@pytest.fixture()
+def served(tiny_backend):
+    servers = []
+
+    def start(api_key=None):
+        server = make_server(tiny_backend, "127.0.0.1", 0, "tiny", api_key)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def test_transformers_backend_batches_samples_and_seeds(tiny_backend):
+    seen = []
+    out = tiny_backend.generate(CONVS, 2, PARAMS, on_progress=seen.append)
+    assert len(out) == 3 and all(len(g) == 2 for g in out) and sum(seen) == 3
+    g = out[0][0]
+    assert g.prompt_tokens > 50 and 0 <= g.completion_tokens <= 12 and g.finish_reason in ("stop", "length")
+    again = tiny_backend.generate(CONVS, 2, PARAMS)
+    assert [[x.text for x in gens] for gens in again] == [[x.text for x in gens] for gens in out]
+    greedy = tiny_backend.generate(CONVS[:1], 2, SamplingParams(max_new_tokens=8, temperature=0))
+    assert greedy[0][0].text == greedy[0][1].text
+
+
+def test_static_cache_matches_dynamic_and_bad_options_name_the_fix(tiny_backend):
+    """The static KV cache (compiled on CUDA; eager here) gives the same greedy tokens as the dynamic one, even with
+    prompts padded to a multiple of 64 tokens; settings are checked and name their choices."""
+    from policy.backends import TransformersBackend
+
+    greedy = SamplingParams(max_new_tokens=10, temperature=0)
+    convs = [CONVS[0], build_messages(Instance(("FFF", "FHF", "FFF"), ((0, 0), (2, 2)), ((2, 2), (0, 0))))]
+    assert not tiny_backend.static_cache  # 'auto' on a CPU
+    dynamic = tiny_backend.generate(convs, 1, greedy)
+    static = TransformersBackend.from_loaded(tiny_backend.loaded, batch_size=2, cache="static", compile_backend="none")
+    assert static.static_cache
+    assert tiny_backend.loaded.model.config.num_key_value_heads < tiny_backend.loaded.model.config.num_attention_heads
+    out = static.generate(convs, 1, greedy)  # grouped-query decode attention (policy/attention.py) on the static cache
+    assert tiny_backend.loaded.model.config._attn_implementation == "sdpa"  # restored after the call
+    assert [g[0].text for g in out] == [g[0].text for g in dynamic]
+    assert [g[0].prompt_tokens for g in out] == [g[0].prompt_tokens for g in dynamic]  # padding is not counted
+    with pytest.raises(ValueError, match="cache = 'fast': choose 'auto', 'static' or 'dynamic'"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, cache="fast")
+    with pytest.raises(ValueError, match="compile_backend = 'xla'"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, compile_backend="xla")
+    with pytest.raises(TypeError, match="unknown options"):
+        TransformersBackend.from_loaded(tiny_backend.loaded, colour="red")
+
+
+def test_static_cache_gives_every_batch_of_a_call_one_shape(tiny_backend, monkeypatch):
+    """With the static cache every batch of a call has the same shape (the longest prompt, rounded up; the last batch
+    filled up), so the decode step compiles once per call; answers equal the dynamic cache's, extras dropped."""
+    from policy.backends import TransformersBackend
+
+    greedy = SamplingParams(max_new_tokens=6, temperature=0)
+    convs = [CONVS[0], build_messages(Instance(("FFF", "FHF", "FFF"), ((0, 0), (2, 2)), ((2, 2), (0, 0)))), CONVS[1]]
+    dynamic = tiny_backend.generate(convs, 1, greedy)
+    static = TransformersBackend.from_loaded(tiny_backend.loaded, batch_size=2, cache="static", compile_backend="none",
+                                             pad_multiple=16)
+    shapes = []
+    original = static.generate_ids
+    monkeypatch.setattr(static, "generate_ids", lambda ids, *a, **k: shapes.append(tuple(ids.shape)) or original(ids, *a, **k))
+    out = static.generate(convs, 1, greedy)
+    assert len(shapes) == 2 and shapes[0] == shapes[1] and shapes[0][0] == 2 and shapes[0][1] % 16 == 0
+    assert len(out) == 3 and [g[0].text for g in out] == [g[0].text for g in dynamic]
+
+
+def test_grouped_decode_attention_equals_transformers_sdpa():
+    """One decoded token against a masked cache (boolean or additive): the packed grouped-query attention gives
+    transformers' SDPA result (which copies keys and values per head group) for every head; other shapes are passed
+    through unchanged."""
+    import torch
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from policy.attention import grouped_decode_sdpa
+
+    torch.manual_seed(0)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 4, True
+    batch, kv, length, dim = 3, 2, 10, 8
+    key, value = torch.randn(batch, kv, length, dim), torch.randn(batch, kv, length, dim)
+    mask = torch.ones(batch, 1, 1, length + 6, dtype=torch.bool)  # a static cache's mask: longer than the keys given
+    mask[0, ..., :4] = False  # left padding of sequence 0
+    mask[:, ..., length:] = False
+    query = torch.randn(batch, kv * 4, 1, dim)
+    got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(module, query, key, value, mask[..., :length], scaling=dim**-0.5)
+    assert got.shape == want.shape == (batch, 1, kv * 4, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+    additive = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)  # a float mask, same meaning
+    got, _ = grouped_decode_sdpa(module, query, key, value, additive, scaling=dim**-0.5)
+    assert torch.allclose(got, want, atol=1e-5)
+    from policy.attention import set_decode_kernel
+
+    set_decode_kernel("math")  # a pinned kernel computes the same
+    try:
+        got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
+        assert torch.allclose(got, want, atol=1e-5)
+    finally:
+        set_decode_kernel("auto")
+    with pytest.raises(ValueError, match="choose one of auto"):
+        set_decode_kernel("fast")
+    prefill = torch.randn(batch, kv * 4, 5, dim)  # several query positions: transformers' own path
+    got, _ = grouped_decode_sdpa(module, prefill, key, value, None, scaling=dim**-0.5)
+    want, _ = sdpa_attention_forward(module, prefill, key, value, None, scaling=dim**-0.5)
+    assert torch.equal(got, want)
+
+
+def test_gpu_benchmark_script_measures_every_variant(tmp_path):
+    """bench/gpu.py on a tiny architecture on the CPU: every rollout and training variant yields a row with tokens/s,
+    and the JSON holds them (its real use is on a GPU: docs/benchmarks.md)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import gpu
+
+    out = tmp_path / "gpu.json"
+    gpu.main(["--archs", "tiny", "--device", "cpu", "--dtype", "float32", "--rollout", "plain:2,dynamic:2,static:3,static+math:3",
+              "--prompt-len", "8", "--new-tokens", "4", "--train-batch", "2", "--train-seq", "16", "--train-completion", "8",
+              "--train", "lm+ckpt,grpo+ckpt,grpo:3", "--train-steps", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["results"]["tiny"]
+    assert [(r["part"], r["variant"]) for r in rows] == [("rollout", "plain"), ("rollout", "dynamic"), ("rollout", "static"),
+                                                        ("rollout", "static+math"), ("train", "lm+ckpt"), ("train", "grpo+ckpt"),
+                                                        ("train", "grpo")]
+    assert all("error" not in r and r["tok_per_s"] > 0 for r in rows)
+    assert [r["tokens"] for r in rows[:4]] == [8, 8, 12, 12]  # rows x new tokens: nothing stopped early
+    assert rows[3]["decode_kernel"] == "math" and [r["batch"] for r in rows[4:]] == [2, 2, 3]
+    with pytest.raises(SystemExit):  # a kernel SDPA does not have
+        gpu.main(["--archs", "tiny", "--device", "cpu", "--rollout", "static+fast:2", "--train", ""])
+    assert gpu.forward_flops_per_token("qwen3-4b", 512) / 2 == pytest.approx(4.0e9, rel=0.05)  # ~4B weights in matmuls
+
+
+def test_the_backend_registry_and_the_settings_name_the_same_backends():
+    from typing import get_args
+
+    from pipeline.params import BackendName
+    from policy.backends import BACKENDS
+
+    assert set(BACKENDS) == set(get_args(BackendName))
+
+
+def test_registry_and_missing_vllm():
+    with pytest.raises(ValueError, match="choose one of"):
+        make_backend("nope")
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(BackendError, match=r"pip install -e '\.\[gpu\]'"):
+            VLLMBackend("embedded")
+
+
+def test_openai_backend_against_the_real_server(tiny_backend, served):
+    url = served()
+    client = OpenAIBackend(url, "tiny", api_key_env="")
+    remote = client.generate(CONVS[:1], 2, PARAMS)
+    local = tiny_backend.generate(CONVS[:1], 2, PARAMS)
+    assert [g.text for g in remote[0]] == [g.text for g in local[0]]
+    assert remote[0][0].prompt_tokens == local[0][0].prompt_tokens
+    with pytest.raises(BackendError, match="HTTP 400"):
+        OpenAIBackend(url, "tiny", api_key_env="", extra_body={"n": 100}).generate(CONVS[:1], 1, PARAMS)
+
+
+def test_api_key_is_required_and_never_echoed(served, monkeypatch):
+    url = served(api_key="sekret-123")
+    monkeypatch.delenv("TEST_KEY", raising=False)
+    with pytest.raises(BackendError, match="HTTP 401") as info:
+        OpenAIBackend(url, "tiny", api_key_env="TEST_KEY", max_retries=3, backoff_s=5).generate(CONVS[:1], 1, PARAMS)
+    monkeypatch.setenv("TEST_KEY", "wrong-key-456")
+    with pytest.raises(BackendError) as info:
+        OpenAIBackend(url, "tiny", api_key_env="TEST_KEY").generate(CONVS[:1], 1, PARAMS)
+    assert "wrong-key-456" not in str(info.value)
+    monkeypatch.setenv("TEST_KEY", "sekret-123")
+    assert len(OpenAIBackend(url, "tiny", api_key_env="TEST_KEY").generate(CONVS[:1], 1, PARAMS)[0]) == 1
+
+
+def test_retries_with_backoff_on_server_errors():
+    calls = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            calls.append(1)
+            if len(calls) <= 2:
+                self.send_response(503)
+                self.end_headers()
+                return
+            body = json.dumps({"choices": [{"message": {"content": "Agent 1: UP"}, "finish_reason": "stop"}],
+                               "usage": {"prompt_tokens": 5, "completion_tokens": 3}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = OpenAIBackend(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", api_key_env="", backoff_s=0.01)
+        out = client.generate(CONVS[:1], 1, SamplingParams(stop=()))
+        assert out[0][0].text == "Agent 1: UP" and len(calls) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_unreachable_endpoint_gives_up_with_a_clear_error():
+    client = OpenAIBackend("http://127.0.0.1:9/v1", "m", api_key_env="", max_retries=2, backoff_s=0.01, timeout_s=2)
+    with pytest.raises(BackendError, match="gave up after 3 attempts"):
+        client.generate(CONVS[:1], 1, PARAMS)
+    with pytest.raises(ValueError, match="http"):
+        OpenAIBackend("ftp://x", "m")
+    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+
+
+def test_api_engineer_gets_schema_valid_json_from_the_server(served):
+    from engineers.summary import Summary
+    from envgen.config import EnvConfig, SizeConfig
+    from pipeline.params import EngineerSettings, PolicySettings
+    from steps.engineer_config import engineer_config
+
+    url = served()
+    current = EnvConfig(budget=10, sizes={3: SizeConfig(data_ratio=1.0)})
+    settings = EngineerSettings(engineer="api", base_url=url, api_model="tiny", api_key_env="", attempts=1,
+                                max_new_tokens=300, context="failures")
+    result = engineer_config(Summary(stage=0), current, settings, PolicySettings(), 0)
+    raw = result.log["attempts"][0]["raw_output"]
+    assert set(json.loads(raw)["sizes"]) == {"3"} and result.log["constrained"]

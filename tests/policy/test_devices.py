@@ -1,0 +1,49 @@
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from policy import devices
+
+CLAIM = ("import os, sys, time; from policy.devices import claim_gpu; gpu = claim_gpu(poll_seconds=0.1); "
+         "print(gpu, os.environ['CUDA_VISIBLE_DEVICES'], flush=True); time.sleep(float(sys.argv[1]))")
+
+
+def start(env: dict[str, str], hold: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CLAIM, str(hold)], env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_processes_claim_distinct_gpus_of_the_pool_and_wait_for_a_free_one(tmp_path):
+    env = {**os.environ, "ENV_ENGINEER_GPUS": "0,1", "ENV_ENGINEER_GPU_LOCKS": str(tmp_path)}
+    first, second = start(env, 2.0), start(env, 2.0)
+    claimed = sorted(p.stdout.readline().split()[0] for p in (first, second))
+    assert claimed == ["0", "1"]  # one GPU each, and each sees only its own
+    began = time.monotonic()
+    third = start(env, 0.0)
+    line = third.stdout.readline().split()
+    assert line[0] in ("0", "1") and line[1] == line[0] and time.monotonic() - began > 0.5  # it waited for one to end
+    for p in (first, second, third):
+        p.wait(timeout=30)
+
+
+def test_slots_let_several_processes_share_a_gpu(tmp_path):
+    env = {**os.environ, "ENV_ENGINEER_GPUS": "3", "ENV_ENGINEER_GPU_SLOTS": "2", "ENV_ENGINEER_GPU_LOCKS": str(tmp_path)}
+    procs = [start(env, 1.0) for _ in range(2)]
+    assert [p.stdout.readline().split()[0] for p in procs] == ["3", "3"]
+    for p in procs:
+        p.wait(timeout=30)
+
+
+def test_no_pool_changes_nothing_and_bad_settings_are_explained(monkeypatch):
+    monkeypatch.delenv("ENV_ENGINEER_GPUS", raising=False)
+    monkeypatch.setattr(devices, "_claimed", None)
+    assert devices.claim_gpu() is None
+    monkeypatch.setenv("ENV_ENGINEER_GPUS", "0,x")
+    with pytest.raises(ValueError, match="GPU indices"):
+        devices.claim_gpu()
+    monkeypatch.setenv("ENV_ENGINEER_GPUS", "0")
+    monkeypatch.setenv("ENV_ENGINEER_GPU_SLOTS", "0")
+    with pytest.raises(ValueError, match="at least 1"):
+        devices.claim_gpu()

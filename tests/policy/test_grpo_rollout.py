@@ -1,0 +1,31 @@
+import pytest
+
+from policy.grpo_rollout import backend_rollout, cut_completion, longest_prompt
+
+
+def test_completion_cut():
+    assert cut_completion([5, 6, 2, 0, 0], {2}) == [5, 6, 2]  # up to and including the first end token
+    assert cut_completion([5, 6, 7], {2}) == [5, 6, 7]
+
+
+def test_backend_rollout_pads_to_one_shape_and_returns_unpadded_prompts(tiny_model_dir):
+    """With the static cache every batch is left-padded to ``prompt_len`` (one compiled shape per stage); TRL gets the
+    prompts' own token ids back, completions within the length cap; a prompt longer than ``prompt_len`` is an error."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.train()
+    prompts = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "a longer prompt " * 5}]]
+    length = longest_prompt(tok, prompts)
+    assert length % 64 == 0 and length >= max(len(tok.apply_chat_template(p, add_generation_prompt=True)) for p in prompts)
+    rollout = backend_rollout(model, tok, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=3, cache="static",
+                              prompt_len=length)
+    out = rollout(prompts, None)
+    assert out["prompt_ids"] == [tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False),
+                                     add_special_tokens=False)["input_ids"] for p in prompts]
+    assert len(out["completion_ids"]) == 2 and all(1 <= len(c) <= 5 for c in out["completion_ids"])
+    assert model.training  # put back in training mode after sampling
+    with pytest.raises(ValueError, match="longer than prompt_len"):
+        rollout([[{"role": "user", "content": "far too long " * 50}]], None)

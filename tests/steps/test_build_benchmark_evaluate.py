@@ -1,0 +1,51 @@
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.checks import validate_file
+from pipeline.params import BenchmarkSettings
+from steps.build_benchmark import build_benchmark
+from steps.evaluate import check_disjoint, evaluate
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    settings = BenchmarkSettings(seed=5, per_cell=2, wait_ratios=[0.25, 0.75], agents={3: [3, 4], 4: [4, 5]})
+    n = len(build_benchmark(settings, root / "b.parquet", progress=False))
+    return root, settings, n
+
+
+def test_benchmark_layout_is_the_papers_and_distinct(bench):
+    root, settings, n = bench
+    rows = pq.read_table(root / "b.parquet").to_pylist()
+    assert n == len(rows) == 2 * 2 * (2 + 2)
+    cells = {(r["num_agents"], r["size"], r["wait_subset"]) for r in rows}
+    assert cells == {(a, s, w) for a, sizes in settings.agents.items() for s in sizes for w in (0.25, 0.75)}
+    assert len({r["content_hash"] for r in rows}) == len(rows) and [r["index"] for r in rows] == list(range(len(rows)))
+    waits = [r for r in rows if r["wait_subset"] == 0.75]
+    assert sum(r["needs_wait"] for r in waits) / len(waits) >= 0.5
+    assert validate_file(root / "b.parquet", "benchmark") == n
+    assert json.loads(pq.read_schema(root / "b.parquet").metadata[b"benchmark"]) == settings.model_dump(mode="json")
+    again = root / "again.parquet"
+    build_benchmark(settings, again, progress=False)
+    assert again.read_bytes() == (root / "b.parquet").read_bytes()
+
+
+def test_evaluate_checks_disjointness(bench, tmp_path):
+    root, _, _ = bench
+    table = pq.read_table(root / "b.parquet")
+    rows = [{"instance_id": r["instance_id"], "content_hash": r["content_hash"], "num_agents": r["num_agents"], "size": r["size"],
+             "valid": r["size"] == 3, "optimal": False} for r in table.to_pylist()]
+    traj = tmp_path / "t.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), traj)
+    train = tmp_path / "train.parquet"
+    pq.write_table(table.slice(0, 1).select(["content_hash"]), train)
+    with pytest.raises(ValueError, match="in the benchmark"):
+        evaluate(root / "b.parquet", traj, [train], None)
+    pq.write_table(pa.table({"content_hash": ["0" * 64]}), train)
+    metrics = evaluate(root / "b.parquet", traj, [train], None)
+    assert metrics["bench"]["acc/3_agents"] == 0.5 and metrics["disjoint"]["training_instances_checked"] == 1
+    assert check_disjoint(root / "b.parquet", []) == 0

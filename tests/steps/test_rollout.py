@@ -1,0 +1,63 @@
+import json
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from envgen.config import EnvConfig, SizeConfig
+from envgen.dataset import write_instances
+from envgen.generator import generate
+from envgen.schemas import TRAJECTORIES
+from pipeline.checks import DataValidationError, validate_file
+from pipeline.params import PolicySettings, RolloutSettings
+from steps.rollout import main, rollout
+
+from tests.helpers import tiny_params, write_params
+
+
+@pytest.fixture(scope="module")
+def instances_file(tmp_path_factory):
+    cfg = EnvConfig(budget=5, seed=9, sizes={3: SizeConfig(data_ratio=1), 5: SizeConfig(data_ratio=1)})
+    path = tmp_path_factory.mktemp("inst") / "instances.parquet"
+    write_instances(path, generate(cfg), cfg)
+    return path
+
+
+def test_rollout_writes_scored_trajectories_that_pass_validation(tiny_model_dir, instances_file, tmp_path):
+    out = tmp_path / "traj.parquet"
+    policy = PolicySettings(model=str(tiny_model_dir))
+    settings = RolloutSettings(samples=3, max_new_tokens=10, threads=1, seed=5, temperature=1.0)
+    summary = rollout(instances_file, out, policy, settings, stage=2, progress=False)
+    table = pq.read_table(out)
+    assert summary.rows == table.num_rows == 15
+    assert summary.load_seconds > 0 and summary.seconds > 0  # loading is timed apart from generation
+    assert table.column_names == TRAJECTORIES.names
+    rows = table.to_pylist()
+    assert {r["sample_index"] for r in rows} == {0, 1, 2} and {r["stage"] for r in rows} == {2}
+    assert all(r["model_id"] == str(tiny_model_dir) and r["backend"] == "transformers" for r in rows)
+    assert all((r["parse_error"] is None) == r["parsed"] for r in rows)
+    record = json.loads(table.schema.metadata[b"rollout"])  # the file says how it was made
+    assert record["rollout"]["samples"] == 3 and record["policy"]["model"] == str(tiny_model_dir) and record["stage"] == 2
+    assert validate_file(out, "trajectories") == 15
+    broken = table.set_column(table.column_names.index("reward"), "reward", pc.add(table["reward"], 100.0))
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(broken, bad)
+    with pytest.raises(DataValidationError, match="reward"):
+        validate_file(bad, "trajectories")
+
+
+def test_rollout_command_reads_params_and_overrides(tiny_model_dir, instances_file, tmp_path, capsys):
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    out = tmp_path / "t.parquet"
+    base = ["--params", str(params), "--instances", str(instances_file), "--out", str(out), "--no-progress"]
+    assert main(base + ["--set", "rollout.max_new_tokens=6", "--limit", "2", "--out-metrics", str(tmp_path / "m.json")]) == 0
+    printed = capsys.readouterr().out
+    assert "wrote 2 trajectories" in printed and "time: model loading" in printed
+    assert json.loads((tmp_path / "m.json").read_text())["validation"]["n"] == 2
+    assert max(pq.read_table(out).column("completion_tokens").to_pylist()) <= 6
+    assert main(base + ["--set", "policy.model=no-org/no-model"]) == 2
+    assert "never downloaded" in capsys.readouterr().err
+    assert main(base + ["--set", "rollout.backend=openai"]) == 2
+    assert "rollout.base_url" in capsys.readouterr().err
+    assert main(base + ["--set", "rollout.sampels=2"]) == 2
+    assert "rollout.sampels" in capsys.readouterr().err

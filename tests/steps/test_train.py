@@ -1,0 +1,160 @@
+import json
+
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from envgen.config import EnvConfig, SizeConfig
+from envgen.dataset import write_instances
+from envgen.generator import generate
+from envgen.parse import ParsedPlan, parse_answer
+from envgen.prompt import PromptStyle
+from pipeline.params import PolicySettings, TrainSettings
+from steps import train as train_mod
+from steps.train import demonstrations, train
+
+
+@pytest.fixture(scope="module")
+def stage(tmp_path_factory):
+    cfg = EnvConfig(budget=8, seed=4, sizes={3: SizeConfig(data_ratio=1)})
+    path = tmp_path_factory.mktemp("stage") / "instances.parquet"
+    write_instances(path, generate(cfg), cfg)
+    return path
+
+
+def tiny(model_dir, **over) -> tuple[TrainSettings, PolicySettings]:
+    base = dict(trajectories=8, num_generations=4, prompts_per_step=2, micro_batch_size=4, max_completion_length=12,
+                sft_batch_size=4, threads=1, lora_r=4, lora_alpha=8)
+    return TrainSettings(**{**base, **over}), PolicySettings(model=str(model_dir))
+
+
+def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
+    rows = pq.read_table(stage).to_pylist()
+    for style in (PromptStyle(moves="letters", trace=True), PromptStyle()):
+        demos = demonstrations(rows, style)
+        for row, demo in zip(rows, demos):
+            parsed = parse_answer(demo["completion"][0]["content"], row["num_agents"])
+            assert isinstance(parsed, ParsedPlan)
+            assert [" ".join(m) for m in parsed.words()] == row["optimal_plan"]
+            assert demo["prompt"][-1]["role"] == "user"
+
+
+def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path):
+    out = tmp_path / "stage1"
+    metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", *tiny(tiny_model_dir))
+    assert (out / "adapter" / "adapter_config.json").exists() and (out / "adapter" / "train_config.json").exists()
+    rows = pq.read_table(out / "completions.parquet").to_pylist()
+    assert len(rows) == metrics["train/trajectories"] == 8 and {r["step"] for r in rows} <= {0, 1}
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["sft/examples"] == 8 and saved["sft/loss_first"] > 0 and saved["train/steps"] == 1
+    assert set(saved["train/per_size"]) == {"3"}
+    # one wall-clock time per optimizer step of each phase (compilation shows in the first ones)
+    assert len(saved["sft/step_seconds"]) == saved["sft/steps"] >= 1 and len(saved["train/step_seconds"]) == 1
+    assert all(t > 0 for t in saved["sft/step_seconds"] + saved["train/step_seconds"])
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "metrics.json"]  # no work dirs left
+    second = tmp_path / "stage2"
+    more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", *tiny(tiny_model_dir, sft=False),
+                 init_adapter=out / "adapter")
+    assert more["init_adapter"] == str(out / "adapter") and "sft/examples" not in more
+
+
+def test_a_crash_mid_step_leaves_the_previous_adapter_whole(tiny_model_dir, stage, tmp_path, monkeypatch):
+    out = tmp_path / "adapter"
+    out.mkdir()
+    (out / "adapter_config.json").write_text('{"previous": true}')
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed mid-GRPO")
+
+    monkeypatch.setattr(train_mod, "grpo", crash)
+    with pytest.raises(RuntimeError, match="killed"):
+        train(stage, out, tmp_path / "c.parquet", tmp_path / "m.json", *tiny(tiny_model_dir, sft=False))
+    assert (out / "adapter_config.json").read_text() == '{"previous": true}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
+
+
+def test_gradient_checkpointing_auto_follows_device_and_model_size():
+    from steps.train import use_checkpointing
+
+    assert use_checkpointing("auto", "cuda", 4_000_000_000) is True  # Qwen3-4B: 16 x 512 does not fit without it
+    assert use_checkpointing("auto", "cuda", 135_000_000) is False  # the embedded model: 1.61x faster without
+    assert use_checkpointing("auto", "cpu", 4_000_000_000) is False
+    assert use_checkpointing(True, "cpu", 1) is True and use_checkpointing(False, "cuda", 10**10) is False
+
+
+def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
+    """``torch_compile`` and ``gradient_checkpointing`` reach the TRL trainers' arguments (compilation itself was run
+    through GRPO and SFT on the CPU by hand: 97 s against 12 s eager for the tiny model, the same first loss)."""
+    import torch
+
+    from steps.train import _common_args
+
+    model = torch.nn.Linear(4, 4)
+    args = _common_args(TrainSettings(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
+    assert args["torch_compile"] is True and args["gradient_checkpointing"] is True and args["use_cpu"] is True
+    assert args["pad_to_multiple_of"] == 128  # 'auto' with compilation: a few shapes, not one per batch
+    args = _common_args(TrainSettings(), "cuda", tmp_path, model, "sft")
+    assert args["torch_compile"] is False and args["gradient_checkpointing"] is False and args["bf16"] is True
+    assert args["pad_to_multiple_of"] is None
+    warm_only = TrainSettings(torch_compile="sft", pad_to_multiple_of="auto")  # as params.yaml writes it
+    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
+    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
+    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
+    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    with pytest.raises(ValidationError, match="pad_to_multiple_of"):
+        TrainSettings(pad_to_multiple_of=0)
+    args = _common_args(TrainSettings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
+    assert args["pad_to_multiple_of"] == 64
+    from trl import GRPOConfig, SFTConfig
+
+    for kind in (SFTConfig, GRPOConfig):  # both trainers take the setting as it is passed
+        assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
+
+
+def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, stage, tmp_path, monkeypatch):
+    """``grpo_generation: backend``: TRL's GRPO gets its completions from the project's transformers backend (the
+    trainer's own LoRA model, one completion per repeated prompt), and the same seed samples the same completions."""
+    from policy.backends import TransformersBackend
+
+    calls = []
+    original = TransformersBackend.generate_ids
+
+    def spy(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[0])
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersBackend, "generate_ids", spy)
+    runs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                        *tiny(tiny_model_dir, sft=False, grpo_generation="backend"))
+        assert metrics["train/generation"] == "backend" and metrics["train/trajectories"] == 8
+        runs.append([r["completion"] for r in pq.read_table(out / "c.parquet").to_pylist()])
+    assert calls == [8, 8]  # one call per generation batch: 2 prompts x G=4, both runs
+    assert runs[0] == runs[1] and any(runs[0])
+
+
+def test_backend_generation_setting():
+    from steps.train import use_backend_generation
+
+    assert use_backend_generation("auto", "cuda", use_vllm=False) is True
+    assert use_backend_generation("auto", "cuda", use_vllm=True) is False
+    assert use_backend_generation("auto", "cpu", use_vllm=False) is False
+    assert use_backend_generation("backend", "cpu", use_vllm=False) is True and not use_backend_generation("trl", "cuda", False)
+
+
+def test_train_command_takes_params_and_overrides(tiny_model_dir, stage, tmp_path, capsys):
+    from steps.train import main
+
+    from tests.helpers import tiny_params, write_params
+
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    out = tmp_path / "out"
+    args = ["--params", str(params), "--instances", str(stage), "--out-adapter", str(out / "adapter"),
+            "--out-completions", str(out / "c.parquet"), "--out-metrics", str(out / "m.json")]
+    assert main(args + ["--set", "train.grpo=false", "--set", "train.sft_max_examples=4"]) == 0
+    assert json.loads((out / "m.json").read_text())["sft/examples"] == 4 and "train/steps" not in json.loads((out / "m.json").read_text())
+    assert main(args + ["--set", "train.learning_rat=1"]) == 2
+    assert "train.learning_rat" in capsys.readouterr().err

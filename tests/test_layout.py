@@ -1,0 +1,58 @@
+"""The folders are the architecture: each imports only the folders below it, and no pipeline step imports another."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAY_IMPORT = {
+    "envgen": set(),
+    "policy": {"envgen"},
+    "pipeline": {"envgen"},
+    "engineers": {"envgen", "policy", "pipeline"},
+    "steps": {"envgen", "policy", "pipeline", "engineers"},
+    "experiments": {"envgen", "policy", "pipeline", "engineers"},
+    "flows": {"envgen", "pipeline", "experiments"},
+    "env_engineer": {"envgen", "policy", "pipeline", "engineers", "steps", "experiments"},
+}
+"""Per code folder, the project folders it may import (lazily inside a function, too)."""
+
+
+def project_imports(path: Path) -> set[str]:
+    """Dotted names of the project's modules that ``path`` imports, anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+            names.update(f"{node.module}.{a.name}" for a in node.names)
+    return {n for n in names if n.split(".")[0] in MAY_IMPORT}
+
+
+@pytest.mark.parametrize("folder", sorted(MAY_IMPORT))
+def test_each_folder_imports_only_the_folders_below_it(folder):
+    for path in sorted((ROOT / folder).glob("*.py")):
+        used = {name.split(".")[0] for name in project_imports(path)} - {folder}
+        assert used <= MAY_IMPORT[folder], f"{path.relative_to(ROOT)} imports {sorted(used - MAY_IMPORT[folder])}"
+
+
+def test_no_step_imports_another_step():
+    steps = {p.stem for p in (ROOT / "steps").glob("*.py") if p.stem != "__init__"}
+    for name in steps:
+        imported = {n.split(".")[1] for n in project_imports(ROOT / "steps" / f"{name}.py") if n.startswith("steps.")}
+        assert not imported & (steps - {name}), f"steps/{name}.py imports {sorted(imported & steps)}"
+
+
+def test_every_dvc_stage_runs_a_step_module():
+    import yaml
+
+    from env_engineer.cli import commands
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, body in stages.items():
+        cmd = (body.get("do") or body)["cmd"]
+        used = [part.split()[0] for part in cmd.split("env-engineer ")[1:]]
+        modules = {commands()[u][1].__name__ for u in used}
+        assert any(m.startswith("steps.") for m in modules), (name, used)
