@@ -17,8 +17,10 @@ metadata-only stand-in wheel for every package the target has (``--have``: its v
 requirement set for the target with ``pip install --dry-run --report``, only binary wheels for ``--platform`` and
 ``--python-version``, the stand-ins pinned (a version of the target's that a requirement excludes is named, unpinned,
 and pip chooses one that fits, which the virtualenv then holds in front of the target's); downloads the resolved wheels
-that are not stand-ins (``pip download --no-deps --only-binary=:all:``); and writes ``MANIFEST.txt`` (file, bytes,
-sha256 of each wheel), which ``--check`` compares with a copy. Without ``--have`` everything is downloaded, torch and
+that are not stand-ins (``pip download --no-deps --only-binary=:all:``); installs the whole set from the wheelhouse and
+the stand-ins alone, as a dry run with no index, as the target will; and writes ``MANIFEST.txt`` (file, bytes, sha256
+of each wheel), which ``--check`` compares with a copy. Extras that requirements ask of the target's packages
+(``httpx[http2]``) are read from those packages' real metadata and their requirements added. Without ``--have`` everything is downloaded, torch and
 its CUDA libraries included (several GB).
 """
 
@@ -81,7 +83,7 @@ def stand_in(folder: Path, name: str, version: str) -> Path:
     return path
 
 
-def resolve(requirement: str, links: list[Path], target: list[str], pins: dict[str, str], tries: int = 30) -> list[dict]:
+def resolve(requirements: list[str], links: list[Path], target: list[str], pins: dict[str, str], tries: int = 30) -> list[dict]:
     """The metadata (name, version) of every distribution ``requirement`` needs on the target, as pip resolves it with
     the versions of ``pins``; a pin that a reported conflict names is dropped, said so, and pip tries again."""
     pins = dict(pins)
@@ -91,7 +93,7 @@ def resolve(requirement: str, links: list[Path], target: list[str], pins: dict[s
             constraints.write_text("".join(f"{name}=={version}\n" for name, version in sorted(pins.items())))
             links_args = [arg for link in links for arg in ("--find-links", str(link))]
             proc = pip("install", "--dry-run", "--ignore-installed", "--report", str(report), "--target",
-                       str(Path(tmp) / "site"), *links_args, *target, "--constraint", str(constraints), requirement,
+                       str(Path(tmp) / "site"), *links_args, *target, "--constraint", str(constraints), *requirements,
                        capture=True)
             if proc.returncode == 0:
                 return [item["metadata"] for item in json.loads(report.read_text())["install"]]
@@ -103,11 +105,56 @@ def resolve(requirement: str, links: list[Path], target: list[str], pins: dict[s
             clashing = {canonical(n) for n in named} & set(pins)
             if not clashing:
                 sys.stderr.write(cause[:4000])
-                raise SystemExit(f"pip cannot resolve {requirement} for the target (see above)")
+                raise SystemExit(f"pip cannot resolve {requirements[0]} for the target (see above)")
             for name in sorted(clashing):
                 print(f"note: the target's {name} {pins.pop(name).split('+')[0]} does not fit what env-engineer needs; "
                       "the wheelhouse brings a version that does", flush=True)
-    raise SystemExit(f"pip could not resolve {requirement} for the target in {tries} tries")
+    raise SystemExit(f"pip could not resolve {requirements[0]} for the target in {tries} tries")
+
+
+def extra_requirements(resolved: list[dict], links: list[Path], target: list[str], python_version: str) -> list[str]:
+    """The requirements that extras put on stand-ins bring in (``httpx[http2]`` needs ``h2``): a stand-in has no
+    metadata of its own, so each such package's real metadata is read (``pip install --dry-run --no-deps``, metadata
+    only) and its requirements for those extras returned."""
+    Requirement = _requirement_class()
+    env = _environment(python_version)
+    stand_ins = {canonical(m["name"]): m["version"].split("+")[0] for m in resolved if m["version"].endswith(f"+{STAND_IN}")}
+    wanted: dict[str, set[str]] = {}
+    for meta in resolved:
+        for text in meta.get("requires_dist") or []:
+            req = Requirement(text)
+            if req.extras and canonical(req.name) in stand_ins:
+                wanted.setdefault(canonical(req.name), set()).update(req.extras)
+    out = []
+    for name, extras in sorted(wanted.items()):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = Path(tmp) / "report.json"
+            pip("install", "--dry-run", "--ignore-installed", "--no-deps", "--quiet", "--report", str(report), "--target",
+                str(Path(tmp) / "site"), *target, f"{name}=={stand_ins[name]}", capture=True)
+            if not report.exists():
+                continue
+            metas = [item["metadata"] for item in json.loads(report.read_text())["install"]]
+        for text in (metas[0].get("requires_dist") or []) if metas else []:
+            req = Requirement(text)
+            if req.marker is not None and any(req.marker.evaluate({**env, "extra": e}) for e in extras) \
+                    and not req.marker.evaluate({**env, "extra": ""}):
+                out.append(str(req).split(";")[0].strip())
+    return out
+
+
+def _requirement_class():
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:  # pip's own copy
+        from pip._vendor.packaging.requirements import Requirement
+    return Requirement
+
+
+def _environment(python_version: str) -> dict[str, str]:
+    """Marker values of a Linux x86_64 CPython target."""
+    return {"python_version": python_version, "python_full_version": f"{python_version}.0", "sys_platform": "linux",
+            "platform_system": "Linux", "platform_machine": "x86_64", "os_name": "posix",
+            "implementation_name": "cpython", "platform_python_implementation": "CPython"}
 
 
 def manifest(out: Path) -> str:
@@ -170,15 +217,26 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as stubs:
         for name, version in have.items():
             stand_in(Path(stubs), name, version)
-        resolved = resolve(requirement, [out, Path(stubs)], target,
-                           {name: f"{version}+{STAND_IN}" for name, version in have.items()})
-    built = {canonical(r.split("==")[0]) for r in args.build} | {"env-engineer"}
-    wanted = sorted((m["name"], m["version"]) for m in resolved
-                    if not m["version"].endswith(f"+{STAND_IN}") and canonical(m["name"]) not in built)
-    if wanted:
-        pins = out / "download.txt"
-        pins.write_text("".join(f"{n}=={v}\n" for n, v in wanted))
-        pip("download", "--no-deps", "--dest", str(out), *target, "--requirement", str(pins))
+        pins = {name: f"{version}+{STAND_IN}" for name, version in have.items()}
+        requirements = [requirement]
+        for _ in range(5):  # until the extras on stand-ins bring in nothing new
+            resolved = resolve(requirements, [out, Path(stubs)], target, pins)
+            more = sorted(set(extra_requirements(resolved, [out], target, args.python_version)) - set(requirements))
+            if not more:
+                break
+            print(f"note: extras of the target's packages need {', '.join(more)}", flush=True)
+            requirements += more
+        built = {canonical(r.split("==")[0]) for r in args.build} | {"env-engineer"}
+        wanted = sorted((m["name"], m["version"]) for m in resolved
+                        if not m["version"].endswith(f"+{STAND_IN}") and canonical(m["name"]) not in built)
+        if wanted:
+            pins_file = out / "download.txt"
+            pins_file.write_text("".join(f"{n}=={v}\n" for n, v in wanted))
+            pip("download", "--no-deps", "--dest", str(out), *target, "--requirement", str(pins_file))
+        # the check the target will make: everything from the wheelhouse and what it has, nothing from an index
+        with tempfile.TemporaryDirectory() as tmp:
+            pip("install", "--dry-run", "--no-index", "--quiet", "--find-links", str(out), "--find-links", stubs,
+                "--target", tmp, *target, *requirements)
     (out / "MANIFEST.txt").write_text(manifest(out))
     total = sum(w.stat().st_size for w in out.glob("*.whl"))
     kept = sum(m["version"].endswith(f"+{STAND_IN}") for m in resolved)
