@@ -158,6 +158,14 @@ HOSTILE_OUTPUTS = [
 ]
 
 
+@pytest.mark.parametrize("name", sorted(CONTEXTS))
+def test_every_context_builds_a_prompt_with_the_fields_the_configuration_and_the_answer_format(name):
+    prompt = CONTEXTS[name].prompt(summary({3: 0.5}), CURRENT, own_summary="mine" if CONTEXTS[name].self_summary else None)
+    assert "# Configuration fields" in prompt and "sizes.N.hole_ratio" in prompt and "# Answer" in prompt
+    assert ("Your summary of the evidence" in prompt) == CONTEXTS[name].self_summary
+    assert ("## Validation after stage 1" in prompt) != CONTEXTS[name].self_summary
+
+
 def test_context_variants_choose_what_the_engineer_sees():
     s = summary({3: 0.5})
     prompts = {name: spec.prompt(s, CURRENT) for name, spec in CONTEXTS.items()}

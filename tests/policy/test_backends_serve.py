@@ -164,6 +164,27 @@ def test_the_backend_registry_and_the_settings_name_the_same_backends():
     assert set(BACKENDS) == set(get_args(BackendName))
 
 
+@pytest.mark.parametrize("name", ["transformers", "vllm", "openai"])
+def test_every_registered_backend_builds_from_its_options_and_answers_in_the_one_format(name, tiny_model_dir, served):
+    """The registry's contract: each factory of BACKENDS takes the options steps.rollout gives it and returns n
+    Generations per conversation; one that cannot run here (vLLM without a GPU) says how to get it."""
+    from pipeline.params import PolicySettings, RolloutSettings
+    from policy.backends import BACKENDS, Generation
+    from steps.rollout import backend_options
+
+    settings = RolloutSettings(backend=name, base_url=served() if name == "openai" else None, api_key_env="", threads=1)
+    options = backend_options(PolicySettings(model=str(tiny_model_dir)), settings, None)
+    try:
+        backend = make_backend(name, **options)
+    except BackendError as e:
+        assert name == "vllm" and "pip install -e '.[gpu]'" in str(e)
+        return
+    out = backend.generate(CONVS[:2], 2, PARAMS)
+    assert isinstance(backend, BACKENDS[name]) and backend.model_id
+    assert len(out) == 2 and all(len(g) == 2 and all(isinstance(x, Generation) for x in g) for g in out)
+    assert all(x.finish_reason in ("stop", "length") and x.completion_tokens >= 0 for g in out for x in g)
+
+
 def test_registry_and_missing_vllm():
     with pytest.raises(ValueError, match="choose one of"):
         make_backend("nope")
