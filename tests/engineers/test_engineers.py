@@ -5,7 +5,7 @@ from dataclasses import astuple
 import pytest
 
 from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
-from engineers.llm import CONTEXTS, LLMEngineer, extract_json, proposal_schema
+from engineers.llm import CONTEXTS, LLMEngineer, extract_json
 from engineers.proposal import EngineerInput, Finalized, Proposal, finalize, to_number
 from engineers.registry import ENGINEERS, EngineerBuild, make_engineer
 from engineers.summary import Summary

@@ -1,6 +1,5 @@
 import random
 
-import pytest
 
 from envgen.benchmark import cell_configs, cell_table, reference_rows, render_table
 from envgen.cbs import Solved, solve
