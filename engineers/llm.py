@@ -92,18 +92,28 @@ SYSTEM = ("You are the environment engineer of a reinforcement-learning curricul
           "follow. Reply with one JSON object only.")
 
 
+MAX_ANSWER_CHARS = 64_000
+"""An engineer's answer is read up to this many characters (a proposal is well under 2,000)."""
+MAX_JSON_STARTS = 256
+"""At most this many ``{`` are tried as the start of the JSON object (each failed try costs up to the text's length)."""
+
+
 def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
-    """The first JSON object in ``text`` (code fences and text around it allowed), or ``(None, reason)``."""
+    """The first JSON object in ``text`` (code fences and text around it allowed), or ``(None, reason)``. Bounded: the
+    first :data:`MAX_ANSWER_CHARS` characters and :data:`MAX_JSON_STARTS` candidate starts are read."""
     if not isinstance(text, str) or "{" not in text:
         return None, "no JSON object in the output"
+    text = text[:MAX_ANSWER_CHARS]
     decoder = json.JSONDecoder()
     start = text.find("{")
-    while start != -1:
+    for _ in range(MAX_JSON_STARTS):
+        if start == -1:
+            break
         try:
             obj, _ = decoder.raw_decode(text, start)
             if isinstance(obj, dict):
                 return obj, None
-        except (json.JSONDecodeError, RecursionError):
+        except (json.JSONDecodeError, RecursionError, ValueError):
             pass
         start = text.find("{", start + 1)
     return None, "the output holds no parseable JSON object"

@@ -98,7 +98,14 @@ def finalize(proposal: Proposal, current: EnvConfig, trust_region: Mapping[str, 
     seed = current.seed + 1
     if not isinstance(proposal.sizes, Mapping):
         return Finalized(current.model_copy(update={"seed": seed}), ("no usable proposal: kept the previous configuration",), True)
-    raw = {str(k).strip().lower().split("x")[0]: v for k, v in proposal.sizes.items()}
+    limits: dict[str, float] = {}
+    for knob, limit in (trust_region or {}).items():
+        value = to_number(limit)
+        if value is None or value < 0:
+            notes.append(f"trust region {str(knob)[:30]} = {str(limit)[:30]!r} is not a non-negative number: ignored")
+        else:
+            limits[str(knob)] = value
+    raw = {str(k).strip().lower().split("x")[0][:20]: v for k, v in list(proposal.sizes.items())[:100]}
     unknown = sorted(set(raw) - {str(n) for n in current.sizes})
     if unknown:
         notes.append(f"ignored sizes that are not in the configuration: {[u[:20] for u in unknown[:10]]}")
@@ -124,7 +131,7 @@ def finalize(proposal: Proposal, current: EnvConfig, trust_region: Mapping[str, 
             if not lo <= value <= hi:
                 notes.append(f"size {n}: {knob} = {value:g} clamped into [{lo:g}, {hi:g}]")
                 value = min(max(value, lo), hi)
-            limit = (trust_region or {}).get(knob)
+            limit = limits.get(knob)
             if limit is not None and abs(value - old) > limit:
                 moved = old + math.copysign(limit, value - old)
                 notes.append(f"size {n}: {knob} {old:g} -> {value:g} limited to {moved:g} by the trust region (+-{limit:g})")

@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 
 from envgen.cbs import Solved, SolverBudget, solve
-from envgen.config import DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, config_diff, describe_fields, schema_json
+from envgen.config import (DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, config_diff, describe_fields,
+                           schema_json, shorten)
 from envgen.instance import Instance, InstanceError
 from envgen.movingai import MovingAIError, load_instance
 from envgen.simulate import Valid, check_paths
@@ -73,16 +74,28 @@ def run_solve(args: argparse.Namespace) -> int:
     return 1
 
 
+MAX_PLAN_BYTES = 10_000_000
+"""Largest plan file read (a plan of 100 agents over 10,000 steps is about 10 MB)."""
+
+
 def load_plan(path: Path, num_agents: int) -> list[list[tuple[int, int]]]:
     """Read a JSON plan; raise :class:`PlanFileError` naming the file and line of the first problem."""
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.stat().st_size > MAX_PLAN_BYTES:
+            raise PlanFileError(f"{path}: {path.stat().st_size:,} bytes; a plan file of at most {MAX_PLAN_BYTES:,} is read")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise PlanFileError(f"{path}: not UTF-8 text (byte {e.start}); write the plan as JSON") from None
     except OSError as e:
         raise PlanFileError(f"{path}: cannot read the plan ({e.strerror or e})") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise PlanFileError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    except RecursionError:
+        raise PlanFileError(f"{path}: nested too deeply; a plan is a list of lists of [row, col] cells") from None
+    except ValueError as e:  # a number of more than 4,300 digits
+        raise PlanFileError(f"{path}: a value cannot be read ({str(e)[:120]})") from None
     if isinstance(data, dict) and "paths" in data:
         data = data["paths"]
     if not isinstance(data, list):
@@ -92,12 +105,12 @@ def load_plan(path: Path, num_agents: int) -> list[list[tuple[int, int]]]:
     plan = []
     for a, agent in enumerate(data, start=1):
         if not isinstance(agent, list):
-            raise PlanFileError(f"{path}:{_line(text, cells, k)}: agent {a}: expected a list of [row, col] cells, got {json.dumps(agent)[:40]}")
+            raise PlanFileError(f"{path}:{_line(text, cells, k)}: agent {a}: expected a list of [row, col] cells, got {shorten(agent, 40)}")
         path_cells = []
         for t, cell in enumerate(agent):
             ok = isinstance(cell, list) and len(cell) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in cell)
             if not ok:
-                raise PlanFileError(f"{path}:{_line(text, cells, k)}: agent {a} step {t}: expected [row, col] integers, got {json.dumps(cell)[:40]}")
+                raise PlanFileError(f"{path}:{_line(text, cells, k)}: agent {a} step {t}: expected [row, col] integers, got {shorten(cell, 40)}")
             path_cells.append((cell[0], cell[1]))
             k += 1
         plan.append(path_cells)
@@ -198,17 +211,21 @@ def add_schema_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
+    """Map sizes from ``A-B`` or ``A,B,C``, each within MIN_SIZE..MAX_SIZE (checked before any range is built)."""
+    shown = shorten(text, 40)
     try:
+        if len(text) > 200:
+            raise ValueError
         if "-" in text:
             lo, hi = (int(v) for v in text.split("-"))
-            sizes = tuple(range(lo, hi + 1))
+            bounds = [lo, hi]
         else:
-            sizes = tuple(int(v) for v in text.split(","))
+            bounds = [int(v) for v in text.split(",")]
     except ValueError:
-        raise ValueError(f"--sizes {text!r}: use 'A-B' or 'A,B,C' with whole numbers") from None
-    if not sizes or any(not MIN_SIZE <= n <= MAX_SIZE for n in sizes):
-        raise ValueError(f"--sizes {text!r}: sizes must lie in {MIN_SIZE}..{MAX_SIZE}")
-    return sizes
+        raise ValueError(f"--sizes {shown}: use 'A-B' or 'A,B,C' with whole numbers") from None
+    if not bounds or any(not MIN_SIZE <= n <= MAX_SIZE for n in bounds):
+        raise ValueError(f"--sizes {shown}: sizes must lie in {MIN_SIZE}..{MAX_SIZE}")
+    return tuple(range(bounds[0], bounds[1] + 1)) if "-" in text else tuple(bounds)
 
 
 def run_schema(args: argparse.Namespace) -> int:

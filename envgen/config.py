@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from envgen import safe_yaml
 from envgen.files import atomic_write_text
 
 MIN_SIZE = 3
@@ -160,22 +161,24 @@ class EnvConfig(BaseModel):
     @classmethod
     def from_yaml(cls, text: str, source: str = "<yaml>") -> EnvConfig:
         try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{source}:{mark.line + 1}" if mark else source
-            raise ConfigError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source}: expected a mapping with num_agents, budget, seed and sizes, got {type(data).__name__}")
-        return cls.parse(data, source)
+            data = safe_yaml.load(text, source)
+        except safe_yaml.YAMLInputError as e:
+            raise ConfigError(str(e)) from None
+        return cls._from_data(data, source)
 
     @classmethod
     def load(cls, path: str | Path) -> EnvConfig:
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as e:
-            raise ConfigError(f"{path}: cannot read the configuration ({e.strerror or e})") from None
-        return cls.from_yaml(text, str(path))
+            data = safe_yaml.read(path)
+        except safe_yaml.YAMLInputError as e:
+            raise ConfigError(str(e)) from None
+        return cls._from_data(data, str(path))
+
+    @classmethod
+    def _from_data(cls, data: Any, source: str) -> EnvConfig:
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source}: expected a mapping with num_agents, budget, seed and sizes, got {type(data).__name__}")
+        return cls.parse(data, source)
 
     @classmethod
     def parse(cls, data: dict[str, Any], source: str = "<config>") -> EnvConfig:

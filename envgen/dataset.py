@@ -113,7 +113,10 @@ def read_exclusions(paths: Iterable[str | Path]) -> frozenset[str]:
     such as the validation set's and the benchmark's."""
     hashes: set[str] = set()
     for p in paths:
-        hashes.update(pq.read_table(p, columns=["content_hash"]).column("content_hash").to_pylist())
+        try:
+            hashes.update(pq.read_table(p, columns=["content_hash"]).column("content_hash").to_pylist())
+        except (OSError, ValueError, KeyError) as e:  # pyarrow's errors are OSError / ValueError subclasses
+            raise ValueError(f"{p}: not an instances Parquet file with a content_hash column ({str(e)[:160]})") from None
     return frozenset(hashes)
 
 

@@ -25,6 +25,8 @@ class MovingAIError(ValueError):
     def __init__(self, path: str | Path, line: int, message: str) -> None:
         self.path, self.line = str(path), line
         where = f"{path}:{line}" if line else str(path)
+        if len(message) > 300:  # a message quotes the file: never all of a hostile one
+            message = message[:297] + "..."
         super().__init__(f"{where}: {message}")
 
 
@@ -89,7 +91,7 @@ def load_scen(path: str | Path) -> list[tuple[tuple[int, int], tuple[int, int]]]
         try:
             sx, sy, gx, gy = (int(v) for v in cols[4:8])
         except ValueError:
-            raise MovingAIError(path, n, f"start/goal coordinates must be integers, got {cols[4:8]}") from None
+            raise MovingAIError(path, n, f"start/goal coordinates must be integers, got {[c[:20] for c in cols[4:8]]}") from None
         agents.append(((sy, sx), (gy, gx)))
     if not agents:
         raise MovingAIError(path, 0, "the scenario lists no agents")

@@ -7,17 +7,25 @@
 
 Writers take the Arrow schema from here (:attr:`Dataset.schema`, every field with its description in the field
 metadata); the great-expectations suites of ``pipeline.checks`` are derived from the same rules, so a column and its
-check cannot drift apart. :data:`DATASETS` is the registry by name.
+check cannot drift apart. Beside the column rules, each dataset's :class:`RowRule` s check meaning: that an instance's
+text parses and hashes to its ``content_hash``, that its optimal plan replays to its ``optimal_soc`` (and, on a sample,
+that the solver agrees it is optimal), that an answer marked valid was parsed, that a reward lies within the reward
+configuration the file records. :data:`DATASETS` is the registry by name.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 
+from envgen.instance import Instance, InstanceError
 from envgen.parse import ParseError
-from envgen.simulate import FailureCategory
+from envgen.simulate import FailureCategory, Valid, check_plan
 
 
 @dataclass(frozen=True)
@@ -58,14 +66,26 @@ class PairRule:
 
 
 @dataclass(frozen=True)
+class RowRule:
+    """A rule of meaning over one row: ``check(row, metadata)`` is true for a good row (``metadata``: the file's
+    key-value metadata, decoded). ``sample``: check at most this many rows (drawn with a fixed seed), for costly rules."""
+
+    name: str
+    description: str
+    check: Callable[[Mapping[str, Any], Mapping[str, str]], bool]
+    sample: int | None = None
+
+
+@dataclass(frozen=True)
 class Dataset:
-    """A Parquet dataset: its columns, the rules between columns, and its least row count."""
+    """A Parquet dataset: its columns, the rules between columns and of meaning, and its least row count."""
 
     name: str
     description: str
     columns: tuple[Column, ...]
     pairs: tuple[PairRule, ...] = ()
     min_rows: int = 1
+    meaning: tuple[RowRule, ...] = ()
 
     @property
     def schema(self) -> pa.Schema:
@@ -80,7 +100,77 @@ class Dataset:
 
     def extended(self, name: str, description: str, *columns: Column) -> Dataset:
         """This dataset with more columns (and the same rules)."""
-        return Dataset(name, description, self.columns + columns, self.pairs, self.min_rows)
+        return Dataset(name, description, self.columns + columns, self.pairs, self.min_rows, self.meaning)
+
+
+def _instance(row: Mapping[str, Any]) -> Instance | None:
+    try:
+        return Instance.from_str(row["instance"]) if isinstance(row.get("instance"), str) else None
+    except InstanceError:
+        return None
+
+
+def _hash_matches(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
+    text = row.get("instance")
+    return isinstance(text, str) and hashlib.sha256(text.encode()).hexdigest() == row.get("content_hash")
+
+
+def _parses_and_agrees(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
+    inst = _instance(row)
+    return inst is not None and inst.to_str() == row["instance"] and inst.height == row.get("size") \
+        and inst.num_agents == row.get("num_agents")
+
+
+def _plan_replays(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
+    inst, plan = _instance(row), row.get("optimal_plan")
+    if inst is None or not isinstance(plan, list) or not all(isinstance(line, str) for line in plan):
+        return False
+    result = check_plan(inst, [line.split() for line in plan], row.get("optimal_soc"))
+    return isinstance(result, Valid) and result.soc == row.get("optimal_soc") and result.makespan == row.get("makespan")
+
+
+def _solver_agrees(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
+    from envgen.cbs import Solved, SolverBudget, solve
+
+    inst = _instance(row)
+    if inst is None:
+        return False
+    result = solve(inst, SolverBudget(max_seconds=10))
+    return not isinstance(result, Solved) and not result.reason.proven or (
+        isinstance(result, Solved) and result.soc == row.get("optimal_soc"))
+
+
+def _reward_range(metadata: Mapping[str, str]) -> tuple[float, float]:
+    """The rewards a file's recorded reward configuration allows: [unparseable, optimal] (any rewards the metadata
+    does not say: [-10, 10])."""
+    for key, path in (("rollout", ("policy", "reward")), ("train", ("policy", "reward"))):
+        try:
+            node: Any = json.loads(metadata[key])
+            for part in path:
+                node = node[part]
+            return float(node["unparseable"]), float(node["optimal"])
+        except (KeyError, TypeError, ValueError):
+            continue
+    return -10.0, 10.0
+
+
+def _reward_in_range(row: Mapping[str, Any], metadata: Mapping[str, str]) -> bool:
+    lo, hi = _reward_range(metadata)
+    reward = row.get("reward")
+    return isinstance(reward, (int, float)) and lo - 1e-6 <= reward <= hi + 1e-6
+
+
+def _outcome_consistent(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
+    parsed, valid, optimal = row.get("parsed"), row.get("valid"), row.get("optimal")
+    return (not valid or bool(parsed)) and (not optimal or bool(valid)) and (row.get("parse_error") is None) == bool(parsed) \
+        and (not valid or row.get("failure_category") is None)
+
+
+HASH_MATCHES = RowRule("hash_matches_instance", "content_hash is the SHA-256 of the instance text", _hash_matches)
+OUTCOME_CONSISTENT = RowRule("outcome_consistent", "valid implies parsed, optimal implies valid, a parse error exactly "
+                             "when unparsed, no failure for a valid plan", _outcome_consistent)
+REWARD_IN_RANGE = RowRule("reward_within_configuration", "the reward lies between the recorded reward configuration's "
+                          "unparseable and optimal values", _reward_in_range)
 
 
 HASH = r"^[0-9a-f]{64}$"
@@ -99,7 +189,7 @@ INSTANCES = Dataset("instances", "One row per generated instance, with its optim
     Column("starts", pa.list_(_LIST_I16), "Start cell [row, col] per agent."),
     Column("goals", pa.list_(_LIST_I16), "Goal cell [row, col] per agent."),
     Column("hole_count", pa.int16(), "Number of holes."),
-    Column("hole_ratio", pa.float32(), "hole_count / (N * N).", lo=0.0, hi=0.5),
+    Column("hole_ratio", pa.float32(), "hole_count / (N * N).", required=True, lo=0.0, hi=0.5),
     Column("free_cells", pa.int16(), "Number of frozen (walkable) cells."),
     Column("wait_target", pa.bool_(), "Whether the slot asked for an instance that needs coordination.", required=True),
     Column("needs_wait", pa.bool_(), "Whether the optimum needs a wait or detour (optimal_soc > sum_shortest); equals "
@@ -120,7 +210,14 @@ INSTANCES = Dataset("instances", "One row per generated instance, with its optim
     Column("draw_seed", pa.uint64(), "Seed of the slot's random stream: blake2b of 'seed:index' (generator.draw_seed).",
            required=True),
     Column("generator_version", pa.string(), "Version of the generator that drew the instance.", required=True),
-), pairs=(PairRule("optimal_soc", "ge", "sum_shortest"), PairRule("needs_wait", "eq", "wait_target")))
+), pairs=(PairRule("optimal_soc", "ge", "sum_shortest"), PairRule("needs_wait", "eq", "wait_target")), meaning=(
+    HASH_MATCHES,
+    RowRule("instance_parses", "the instance text parses, is canonical, and agrees with size and num_agents",
+            _parses_and_agrees),
+    RowRule("optimal_plan_replays", "the stored optimal plan is valid with sum of costs optimal_soc and that makespan",
+            _plan_replays),
+    RowRule("solver_agrees", "on a sample, the solver finds the same optimal sum of costs", _solver_agrees, sample=16),
+))
 
 BENCHMARK = INSTANCES.extended(
     "benchmark", "The held-out benchmark: instances of the paper's (agents, size, wait subset) cells.",
@@ -159,7 +256,7 @@ TRAJECTORIES = Dataset("trajectories", "One row per answer of a model to an inst
     Column("backend", pa.string(), "Generation backend."),
     Column("seed", pa.int64(), "Sampling seed of the batch that produced the answer.", required=True),
     Column("latency_s", pa.float32(), "Wall time of the generate call that produced the answer (shared by its batch)."),
-))
+), meaning=(HASH_MATCHES, OUTCOME_CONSISTENT, REWARD_IN_RANGE))
 
 COMPLETIONS = Dataset("completions", "Every GRPO completion of a training stage with its reward (empty without GRPO).", (
     Column("step", pa.int32(), "The trainer's step that sampled the completion.", required=True, lo=0),
@@ -176,7 +273,10 @@ COMPLETIONS = Dataset("completions", "Every GRPO completion of a training stage 
     Column("failure_category", pa.string(), "First failure of a parsed invalid plan.", values=_FAILURES),
     Column("soc", pa.int32(), "Sum of costs of a valid plan."),
     Column("optimal_soc", pa.int32(), "The instance's optimal sum of costs."),
-), min_rows=0)
+), min_rows=0, meaning=(RowRule("outcome_consistent", "valid implies parsed, optimal implies valid, a parse error exactly "
+                                "when unparsed", lambda row, _: (not row.get("valid") or bool(row.get("parsed")))
+                                and (not row.get("optimal") or bool(row.get("valid")))
+                                and (row.get("parse_error") is None) == bool(row.get("parsed"))), REWARD_IN_RANGE))
 
 DATASETS: dict[str, Dataset] = {d.name: d for d in (INSTANCES, BENCHMARK, TRAJECTORIES, COMPLETIONS)}
 """Every dataset, by name (``env-engineer validate --kind NAME``)."""

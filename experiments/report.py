@@ -19,8 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
 
+from envgen import safe_yaml
 from envgen.files import atomic_write_bytes, atomic_write_text
 from experiments.dvc import StageFiles, curriculum_items, pipeline_stages, stage_named
 
@@ -64,7 +64,7 @@ def load_run(root: Path, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 entry[key] = json.loads(path.read_text())
         config = spec.get("config") and root / spec["config"]
         if config and config.exists():
-            entry["config"] = yaml.safe_load(config.read_text())
+            entry["config"] = safe_yaml.read(config)
         for key in ("trajectories", "tables"):
             path = spec.get(key) and root / spec[key]
             if path and path.exists():

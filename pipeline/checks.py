@@ -1,5 +1,7 @@
 """Data validation with great-expectations: every dataset of :mod:`envgen.schemas` gets a suite derived from its declared
-rules (required columns, ranges, uniqueness, patterns, allowed values, rules between columns, least row count).
+rules (required columns, ranges, uniqueness, patterns, allowed values, rules between columns, least row count) and its
+rules of meaning (each computed per row as a column ``rule:<name>`` that must be true: hashes, parsing, plan replays,
+the solver on a sample, outcome consistency, rewards within the recorded reward configuration).
 
 ``env-engineer validate --kind instances|benchmark|trajectories|completions FILE`` exits 1 with one line per failed
 expectation (column, expectation, a few offending values), so a corrupted or inconsistent Parquet stops the pipeline
@@ -45,12 +47,35 @@ def suite(dataset: Dataset) -> list[Expectation]:
             out.append(Expectation("ExpectColumnValuesToMatchRegex", {"column": c.name, "regex": c.regex}))
         if c.values is not None:
             out.append(Expectation("ExpectColumnValuesToBeInSet", {"column": c.name, "value_set": list(c.values)}))
+    for rule in dataset.meaning:
+        out.append(Expectation("ExpectColumnValuesToBeInSet", {"column": f"rule:{rule.name}", "value_set": [True]}))
     for rule in dataset.pairs:
         if rule.op == "ge":
             out.append(Expectation("ExpectColumnPairValuesAToBeGreaterThanB",
                                    {"column_A": rule.a, "column_B": rule.b, "or_equal": True}))
         else:
             out.append(Expectation("ExpectColumnPairValuesToBeEqual", {"column_A": rule.a, "column_B": rule.b}))
+    return out
+
+
+def meaning(table: Any, dataset: Dataset, seed: int = 0) -> dict[str, list[bool | None]]:
+    """Per rule of meaning, its verdict on every row (None on rows a sampled rule does not check)."""
+    import random
+
+    rows = table.to_pylist()
+    metadata = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in (table.schema.metadata or {}).items()}
+    out: dict[str, list[bool | None]] = {}
+    for rule in dataset.meaning:
+        picked = range(len(rows))
+        if rule.sample is not None and len(rows) > rule.sample:
+            picked = sorted(random.Random(f"{seed}:{rule.name}").sample(range(len(rows)), rule.sample))
+        verdicts: list[bool | None] = [None] * len(rows)
+        for i in picked:
+            try:
+                verdicts[i] = bool(rule.check(rows[i], metadata))
+            except Exception:  # noqa: BLE001 - a row the rule cannot even read is a row that breaks it
+                verdicts[i] = False
+        out[rule.name] = verdicts
     return out
 
 
@@ -69,12 +94,14 @@ def validate_file(path: str | Path, kind: str) -> int:
         table = pq.read_table(path)
     except Exception as e:  # noqa: BLE001 - any reader failure is a corrupt or missing file
         raise DataValidationError(f"{path}: cannot be read as Parquet ({type(e).__name__}: {str(e)[:200]})") from None
-    expectations = suite(DATASETS[kind])
-    needed = sorted({c for e in expectations for c in e.columns})
-    missing = [c for c in DATASETS[kind].names if c not in table.column_names]
+    dataset = DATASETS[kind]
+    expectations = suite(dataset)
+    missing = [c for c in dataset.names if c not in table.column_names]
     if missing:
         raise DataValidationError(f"{path}: not a {kind} file: missing columns {missing}")
-    frame = table.select(needed).to_pandas()
+    frame = table.select(sorted({c for e in expectations for c in e.columns if not c.startswith("rule:")})).to_pandas()
+    for name, values in meaning(table, dataset).items():
+        frame[f"rule:{name}"] = values
 
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig

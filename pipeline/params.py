@@ -23,8 +23,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from envgen import safe_yaml
 
 from envgen.config import KNOBS, EnvConfig, format_validation_error
 from envgen.prompt import PromptStyle
@@ -254,9 +255,9 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
         if not sep or not key or any(not part for part in key.split(".")):
             raise ParamsError(f"--set {item[:80]!r}: use SECTION.KEY=VALUE, e.g. --set train.trajectories=64")
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ParamsError(f"--set {key}: the value is not valid YAML ({getattr(e, 'problem', e)})") from None
+            value = safe_yaml.load(text, f"--set {key}")
+        except safe_yaml.YAMLInputError as e:
+            raise ParamsError(str(e)) from None
         out[key] = _number_or(value)
     return out
 
@@ -314,15 +315,9 @@ def validate_params(data: Any, source: str) -> Params:
 def read_params_file(path: str | Path) -> dict[str, Any]:
     """The raw mapping of a params file (no validation)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ParamsError(f"{path}: cannot read the params file ({getattr(e, 'strerror', None) or e})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ParamsError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+        data = safe_yaml.read(path)
+    except safe_yaml.YAMLInputError as e:
+        raise ParamsError(str(e)) from None
     return data if data is not None else {}
 
 

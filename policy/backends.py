@@ -6,7 +6,8 @@ Registry :data:`BACKENDS`:
   static KV cache with the decode step compiled into CUDA graphs (see :class:`TransformersBackend`).
 - ``vllm`` (GPU): imported only when chosen; LoRA adapters through ``LoRARequest``.
 - ``openai``: any OpenAI-compatible chat-completions endpoint (base URL, model name, API key read from an environment
-  variable and never logged), retries with exponential backoff on connection errors, 429 and 5xx.
+  variable, sent to that host only and never recorded), retries with exponential backoff on connection errors, 429
+  and 5xx.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import json
 import os
 import random
 import time
-import urllib.error
-import urllib.request
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -205,9 +204,10 @@ class TransformersBackend:
         return {"cache_implementation": "static", "compile_config": CompileConfig(backend=self.compile_backend, mode=mode)}
 
     def generate_ids(self, input_ids: Any, attention_mask: Any, n: int, params: SamplingParams, seed: int,
-                     logits_processor: Any = None) -> tuple[Any, float]:
+                     logits_processor: Any = None, cancel: Any = None) -> tuple[Any, float]:
         """Sample from left-padded token ids: returns the new tokens (``rows x new``; row ``i * n + j`` is sample ``j``
-        of prompt ``i`` when sampling, one row per prompt when greedy) and the seconds it took."""
+        of prompt ``i`` when sampling, one row per prompt when greedy) and the seconds it took. ``cancel``: a
+        ``threading.Event``; once set, generation stops after the current token (what it has so far is returned)."""
         tok, model = self.loaded.tokenizer, self.loaded.model
         previous = model.config._attn_implementation
         if self.static_cache and previous == "sdpa":  # no per-step copy of grouped keys/values (policy/attention.py)
@@ -215,14 +215,24 @@ class TransformersBackend:
 
             model.set_attn_implementation(register())
         try:
-            return self._generate_loop(model, tok, input_ids, attention_mask, n, params, seed, logits_processor)
+            return self._generate_loop(model, tok, input_ids, attention_mask, n, params, seed, logits_processor, cancel)
         finally:
             if model.config._attn_implementation != previous:
                 model.set_attn_implementation(previous)
 
     def _generate_loop(self, model: Any, tok: Any, input_ids: Any, attention_mask: Any, n: int, params: SamplingParams,
-                       seed: int, logits_processor: Any) -> tuple[Any, float]:
+                       seed: int, logits_processor: Any, cancel: Any = None) -> tuple[Any, float]:
         import torch
+
+        stopping = None
+        if cancel is not None:
+            from transformers import StoppingCriteria, StoppingCriteriaList
+
+            class Cancelled(StoppingCriteria):
+                def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                    return torch.full((input_ids.shape[0],), cancel.is_set(), dtype=torch.bool, device=input_ids.device)
+
+            stopping = StoppingCriteriaList([Cancelled()])
 
         sample = params.temperature > 0
         t0 = time.perf_counter()
@@ -237,7 +247,7 @@ class TransformersBackend:
                         top_k=None, pad_token_id=tok.pad_token_id, stop_strings=list(params.stop) or None,
                         tokenizer=tok if params.stop else None,
                         logits_processor=[logits_processor] if logits_processor is not None else None,
-                        **self._generation_options(),
+                        stopping_criteria=stopping, **self._generation_options(),
                     )
                 break
             except Exception as e:  # noqa: BLE001 - a compiler that cannot build here: fall back, never lose the rollout
@@ -251,8 +261,13 @@ class TransformersBackend:
                 t0 = time.perf_counter()
         return ids[:, input_ids.shape[1]:], time.perf_counter() - t0
 
+    def prompt_tokens(self, conversation: Conversation) -> int:
+        """How many tokens ``conversation``'s prompt takes (chat template applied)."""
+        return len(self.loaded.tokenizer(self.prompt_text(conversation), add_special_tokens=False)["input_ids"])
+
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+                 on_progress: Callable[[int], None] | None = None, cancel: Any = None) -> list[list[Generation]]:
+        """``n`` completions per conversation. ``cancel`` (a ``threading.Event``) stops generation early once set."""
         tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
         texts_all = [self.prompt_text(c) for c in conversations]
@@ -268,7 +283,7 @@ class TransformersBackend:
             enc = self.encode(texts, width)
             seed = params.seed + k
             grammar = self._logits_processor(params.json_schema)
-            new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar)
+            new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar, cancel)
             prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
             ends = {tok.pad_token_id, tok.eos_token_id}
             for i in range(len(chunk)):
@@ -336,22 +351,26 @@ class VLLMBackend:
 
 # -------------------------------------------------------------------------------------------------------- openai
 class OpenAIBackend:
-    """Any OpenAI-compatible ``/chat/completions`` endpoint.
+    """Any OpenAI-compatible ``/chat/completions`` endpoint, through httpx.
 
     Args:
         base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
         model: the endpoint's model name.
-        api_key_env: name of the environment variable holding the key (the key itself is never logged or stored);
-            unset means no ``Authorization`` header.
+        api_key_env: name of the environment variable holding the key; unset means no ``Authorization`` header.
         max_retries / backoff_s: retries on connection errors, 429 and 5xx, waiting ``backoff_s * 2**k`` (+ jitter).
+
+    The key goes to ``base_url``'s host and nowhere else: redirects are never followed (an endpoint that answers with
+    one is an error naming where it pointed), and every message this backend writes (errors, records) has the key
+    replaced by ``***``. A reply that is not a completion in the OpenAI shape is an error, never a crash.
     """
 
     name = "openai"
+    MAX_REPLY_BYTES = 16_000_000
 
     def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0,
                  max_retries: int = 5, backoff_s: float = 1.0, extra_body: dict[str, Any] | None = None, **_: Any) -> None:
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url = {base_url!r}: must start with http:// or https://")
+        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"base_url = {str(base_url)[:80]!r}: must start with http:// or https://")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model_id = model
         self.adapter_hash = None
@@ -359,30 +378,53 @@ class OpenAIBackend:
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.extra_body = extra_body or {}
 
+    def _key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    def scrub(self, text: str, limit: int = 300) -> str:
+        """``text`` with the key (and its Bearer header form) replaced by ``***``, cut to ``limit`` characters."""
+        key = self._key()
+        if key:
+            text = text.replace(key, "***")
+        return text[:limit]
+
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        import httpx
+
         headers = {"Content-Type": "application/json"}
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
+        key = self._key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         data = json.dumps(body).encode()
         last = ""
-        for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    return json.loads(response.read())
-            except urllib.error.HTTPError as e:
-                detail = e.read()[:300].decode(errors="replace")
-                last = f"HTTP {e.code} from {self.url}: {detail}"
-                if e.code != 429 and e.code < 500:
-                    raise BackendError(last) from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
-                last = f"cannot reach {self.url}: {getattr(e, 'reason', e)}"
-            except json.JSONDecodeError:
-                raise BackendError(f"{self.url} answered with something that is not JSON") from None
-            if attempt < self.max_retries:
-                time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
-        raise BackendError(f"{last} (gave up after {self.max_retries + 1} attempts)")
+        with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    response = client.post(self.url, content=data, headers=headers)
+                except (httpx.TransportError, TimeoutError, ConnectionError) as e:
+                    last = f"cannot reach {self.url}: {type(e).__name__}: {e}"
+                else:
+                    if response.is_redirect:
+                        where = response.headers.get("location", "?")
+                        raise BackendError(self.scrub(f"{self.url} answered {response.status_code} pointing to "
+                                                      f"{where}: redirects are not followed (the API key goes to "
+                                                      "base_url's host only); set base_url to the final address"))
+                    if response.status_code == 200:
+                        if len(response.content) > self.MAX_REPLY_BYTES:
+                            raise BackendError(f"{self.url} answered {len(response.content):,} bytes: too large a reply")
+                        try:
+                            reply = response.json()
+                        except (ValueError, RecursionError):
+                            raise BackendError(f"{self.url} answered with something that is not JSON") from None
+                        if not isinstance(reply, dict):
+                            raise BackendError(f"{self.url} answered JSON that is not an object")
+                        return reply
+                    last = self.scrub(f"HTTP {response.status_code} from {self.url}: {response.text[:300]}")
+                    if response.status_code != 429 and response.status_code < 500:
+                        raise BackendError(last)
+                if attempt < self.max_retries:
+                    time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
+        raise BackendError(self.scrub(f"{last} (gave up after {self.max_retries + 1} attempts)", 600))
 
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
@@ -401,23 +443,29 @@ class OpenAIBackend:
                 t0 = time.perf_counter()
                 reply = self._post(body)
                 latency = time.perf_counter() - t0
-                choices = reply.get("choices") or []
-                if not choices:
-                    raise BackendError(f"{self.url} returned no choices")
-                usage = reply.get("usage") or {}
+                choices = reply.get("choices")
+                if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
+                    raise BackendError(f"{self.url} returned no choices (a 'choices' list of objects)")
+                usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
                 for choice in choices[: n - len(gens)]:
-                    text = (choice.get("message") or {}).get("content") or ""
-                    stop_hit = choice.get("finish_reason") == "stop"
-                    if stop_hit and params.stop and not any(s in text for s in params.stop) and "<answer>" in text:
+                    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+                    text = message.get("content") if isinstance(message.get("content"), str) else ""
+                    text = self.scrub(text, limit=len(text))  # an endpoint that echoes the key never gets it recorded
+                    reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else "stop"
+                    if reason == "stop" and params.stop and not any(s in text for s in params.stop) and "<answer>" in text:
                         text += params.stop[0]  # OpenAI strips the stop string; put the closing tag back
-                    gens.append(Generation(text, int(usage.get("prompt_tokens", 0)),
-                                           int(usage.get("completion_tokens", 0)) // max(1, len(choices)),
-                                           choice.get("finish_reason") or "stop", latency, params.seed,
-                                           params.json_schema is not None))
+                    gens.append(Generation(text, _count(usage.get("prompt_tokens")),
+                                           _count(usage.get("completion_tokens")) // max(1, len(choices)),
+                                           reason[:20], latency, params.seed, params.json_schema is not None))
             out.append(gens)
             if on_progress is not None:
                 on_progress(1)
         return out
+
+
+def _count(value: Any) -> int:
+    """A token count from an untrusted reply: a non-negative integer, else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9 else 0
 
 
 BACKENDS: dict[str, type] = {"transformers": TransformersBackend, "vllm": VLLMBackend, "openai": OpenAIBackend}

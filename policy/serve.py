@@ -1,148 +1,363 @@
-"""``env-engineer serve``: an OpenAI-compatible HTTP server for a model (+ LoRA adapter).
+"""``env-engineer serve``: an OpenAI-compatible HTTP server for a model (+ LoRA adapter), on FastAPI and uvicorn.
 
-Endpoints: ``GET /v1/models``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``, ``max_tokens``,
-``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured by constrained
-decoding when xgrammar is installed). Requests are served one at a time (the model is not thread-safe);
-malformed requests get a 400 with an OpenAI-style error body. With ``--api-key-env NAME`` requests must include
-``Authorization: Bearer $NAME``. Standard library only, so it runs on the GPU image too.
+Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``,
+``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured
+by constrained decoding when xgrammar is installed).
+
+Limits (:class:`ServeLimits`, each a command-line option): the request body's size, the prompt's length in tokens, ``n``
+and ``max_tokens``; one generation at a time (the model is not thread-safe) with a bounded waiting room: a request that
+finds it full gets 429 with ``Retry-After`` at once; a generation stops at the next token when its client leaves or it
+passes the time limit (504), so an abandoned request never holds the model. Every invalid field is a 400 with an
+OpenAI-style error body naming it. Loopback by default; with ``--api-key-env NAME`` every request must include
+``Authorization: Bearer $NAME`` (compared in constant time). The listen backlog is uvicorn's (2048).
 """
 
-from __future__ import annotations
 
 import argparse
+import asyncio
+import hmac
+import inspect
 import json
+import math
 import os
 import sys
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy.backends import Backend, SamplingParams
 
 
+@dataclass(frozen=True)
+class ServeLimits:
+    """What one request may ask, and how long it may wait and take.
+
+    Attributes:
+        max_body_bytes: largest request body read.
+        max_prompt_tokens: longest prompt (chat template applied), in tokens.
+        max_n: most completions per request.
+        max_tokens: most new tokens per completion.
+        max_waiting: requests that may wait for the model beside the one it serves; more get 429.
+        timeout_s: longest a generation may run; its client then gets 504 and the model is freed.
+    """
+
+    max_body_bytes: int = 1_000_000
+    max_prompt_tokens: int = 8192
+    max_n: int = 16
+    max_tokens: int = 2048
+    max_waiting: int = 64
+    timeout_s: float = 300.0
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=1_000_000)
+
+
+class JSONSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    schema_: dict[str, Any] = Field(alias="schema")
+    name: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+
+class ChatRequest(BaseModel):
+    """The fields of a chat-completions request this server reads (others are ignored, as OpenAI clients send them)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    messages: list[Message] = Field(min_length=1, max_length=512)
+    n: int = Field(1, ge=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0, le=10)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = Field(0, ge=0, le=2**63 - 1)
+    stop: str | list[str] | None = None
+    response_format: ResponseFormat | None = None
+    stream: bool = False
+
+    @field_validator("temperature", "top_p")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if not math.isfinite(value):
+            raise ValueError("must be a finite number")
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, value: str | list[str] | None) -> list[str]:
+        stops = [value] if isinstance(value, str) else list(value or [])
+        if len(stops) > 4 or any(len(s) > 200 for s in stops):
+            raise ValueError("at most 4 stop strings of at most 200 characters")
+        return stops
+
+
 class RequestError(ValueError):
-    """A client error: becomes HTTP 400."""
+    """A client error: an HTTP status (400 unless said), the field it concerns, and a message."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400) -> None:
+        super().__init__(message)
+        self.param, self.status = param, status
 
 
-def parse_request(body: dict[str, Any]) -> tuple[list[dict[str, str]], int, SamplingParams]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages or not all(
-        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str) for m in messages
-    ):
-        raise RequestError("'messages' must be a non-empty list of {role, content} strings")
-    n = body.get("n", 1)
-    if not isinstance(n, int) or not 1 <= n <= 64:
-        raise RequestError("'n' must be an integer in 1..64")
-    stop = body.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    schema = None
-    fmt = body.get("response_format")
-    if fmt is not None:
-        if not isinstance(fmt, dict) or fmt.get("type") not in ("json_schema", "text"):
-            raise RequestError("'response_format' must be {'type': 'json_schema', 'json_schema': {'schema': {...}}} or text")
-        if fmt["type"] == "json_schema":
-            inner = fmt.get("json_schema")
-            if not isinstance(inner, dict) or not isinstance(inner.get("schema"), dict):
-                raise RequestError("'response_format.json_schema.schema' must be a JSON schema object")
-            schema = json.dumps(inner["schema"])
+def check_schema(schema: dict[str, Any]) -> str:
+    """The JSON schema as text, if it is one constrained decoding can take: a valid schema, under 50 KB, without
+    ``$ref`` (recursive schemas are not supported) and at most 32 levels deep."""
+    import jsonschema
+
+    text = json.dumps(schema)
+    if len(text) > 50_000:
+        raise RequestError("response_format.json_schema.schema: larger than 50 KB", "response_format")
+
+    def walk(node: Any, depth: int) -> None:
+        if depth > 32:
+            raise RequestError("response_format.json_schema.schema: nested deeper than 32 levels", "response_format")
+        if isinstance(node, dict):
+            if "$ref" in node or "$dynamicRef" in node:
+                raise RequestError("response_format.json_schema.schema: $ref is not supported; write the schema out",
+                                   "response_format")
+            for value in node.values():
+                walk(value, depth + 1)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, depth + 1)
+
+    walk(schema, 0)
     try:
-        params = SamplingParams(max_new_tokens=int(body.get("max_tokens") or body.get("max_completion_tokens") or 256),
-                                temperature=float(body.get("temperature", 1.0)), top_p=float(body.get("top_p", 1.0)),
-                                seed=int(body.get("seed") or 0), stop=tuple(str(s) for s in stop), json_schema=schema)
-    except (TypeError, ValueError) as e:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as e:
+        raise RequestError(f"response_format.json_schema.schema is not a JSON schema: {str(e.message)[:200]}",
+                           "response_format") from None
+    return text
+
+
+def parse_request(body: Any, limits: ServeLimits = ServeLimits()) -> tuple[list[dict[str, str]], int, SamplingParams]:
+    """The conversation, ``n`` and sampling parameters of a request body; :class:`RequestError` for anything wrong."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "body"
+        raise RequestError(f"{field}: {err['msg']}", field) from None
+    if request.stream:
+        raise RequestError("stream: streaming is not supported; send stream: false", "stream")
+    if request.n > limits.max_n:
+        raise RequestError(f"n: at most {limits.max_n}", "n")
+    max_tokens = request.max_tokens or request.max_completion_tokens or 256
+    if max_tokens > limits.max_tokens:
+        raise RequestError(f"max_tokens: at most {limits.max_tokens}", "max_tokens")
+    schema = None
+    if request.response_format is not None and request.response_format.type == "json_schema":
+        if request.response_format.json_schema is None:
+            raise RequestError("response_format.json_schema.schema: required with type json_schema", "response_format")
+        schema = check_schema(request.response_format.json_schema.schema_)
+    try:
+        params = SamplingParams(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
+                                seed=request.seed, stop=tuple(request.stop or ()), json_schema=schema)
+    except ValueError as e:
         raise RequestError(str(e)) from None
-    return messages, n, params
+    return [m.model_dump() for m in request.messages], request.n, params
 
 
-def make_handler(backend: Backend, served_name: str, api_key: str | None):
-    lock = threading.Lock()
+def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+           headers: dict[str, str] | None = None) -> Any:
+    from fastapi.responses import JSONResponse
 
-    class Handler(BaseHTTPRequestHandler):
-        server_version = "env-engineer-serve/1"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status,
+                        headers=headers)
 
-        def log_message(self, fmt: str, *args: Any) -> None:  # one line per request, never headers
-            sys.stderr.write(f"serve: {self.address_string()} {fmt % args}\n")
 
-        def _send(self, code: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+def make_app(backend: Backend, served_name: str | None = None, api_key: str | None = None,
+             limits: ServeLimits = ServeLimits()) -> Any:
+    """The FastAPI application serving ``backend``."""
+    from fastapi import FastAPI, Request
+    from starlette.exceptions import HTTPException as StarletteHTTPException
 
-        def _error(self, code: int, message: str, kind: str = "invalid_request_error") -> None:
-            self._send(code, {"error": {"message": message, "type": kind}})
+    name = served_name or backend.model_id
+    app = FastAPI(title="env-engineer serve", docs_url=None, redoc_url=None, openapi_url=None)
+    model_lock = asyncio.Lock()
+    state = {"waiting": 0}
 
-        def _authorised(self) -> bool:
-            if api_key is None:
-                return True
-            if self.headers.get("Authorization", "") == f"Bearer {api_key}":
-                return True
-            self._error(401, "missing or wrong API key", "authentication_error")
-            return False
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        return _error(exc.status_code, str(exc.detail), "not_found_error" if exc.status_code == 404 else "invalid_request_error")
 
-        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-            if not self._authorised():
-                return
-            if self.path.rstrip("/") in ("/v1/models", "/models"):
-                self._send(200, {"object": "list", "data": [{"id": served_name, "object": "model", "owned_by": "env-engineer"}]})
-            else:
-                self._error(404, f"no route {self.path}")
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Any:  # a bug, said in one line, never a dropped connection
+        return _error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}", "server_error")
 
-        def do_POST(self) -> None:  # noqa: N802
-            if not self._authorised():
-                return
-            if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-                self._error(404, f"no route {self.path}")
-                return
+    def authorised(request: Request) -> bool:
+        if api_key is None:
+            return True
+        given = request.headers.get("authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": name, "busy": model_lock.locked(), "waiting": state["waiting"]}
+
+    @app.get("/v1/models")
+    @app.get("/models")
+    async def models(request: Request) -> Any:
+        if not authorised(request):
+            return _error(401, "missing or wrong API key", "authentication_error")
+        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "env-engineer"}]}
+
+    async def read_body(request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+            raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
+        data = bytearray()
+        async for chunk in request.stream():
+            data += chunk
+            if len(data) > limits.max_body_bytes:
+                raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
+        return bytes(data)
+
+    @app.post("/v1/chat/completions")
+    @app.post("/chat/completions")
+    async def chat(request: Request) -> Any:
+        if not authorised(request):
+            return _error(401, "missing or wrong API key", "authentication_error")
+        try:
+            raw = await read_body(request)
             try:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(length) or b"null")
-                if not isinstance(body, dict):
-                    raise RequestError("the body must be a JSON object")
-                messages, n, params = parse_request(body)
-            except (json.JSONDecodeError, RequestError, ValueError) as e:
-                self._error(400, str(e))
-                return
-            with lock:
-                gens = backend.generate([messages], n, params)[0]
-            prompt_tokens = gens[0].prompt_tokens if gens else 0
-            completion_tokens = sum(g.completion_tokens for g in gens)
-            self._send(200, {
-                "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
-                "model": served_name,
-                "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "finish_reason": g.finish_reason}
-                            for i, g in enumerate(gens)],
-                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                          "total_tokens": prompt_tokens + completion_tokens},
-            })
+                body = json.loads(raw or b"null")
+            except (ValueError, RecursionError):
+                raise RequestError("the body is not JSON") from None
+            messages, n, params = parse_request(body, limits)
+            counter = getattr(backend, "prompt_tokens", None)
+            if counter is not None:
+                length = counter(messages)
+                if length > limits.max_prompt_tokens:
+                    raise RequestError(f"messages: the prompt takes {length:,} tokens; at most {limits.max_prompt_tokens:,}",
+                                       "messages")
+        except RequestError as e:
+            return _error(e.status, str(e), "invalid_request_error", e.param)
+        if model_lock.locked() and state["waiting"] >= limits.max_waiting:
+            return _error(429, f"the server is busy ({state['waiting']} requests waiting); retry shortly",
+                          "rate_limit_error", headers={"Retry-After": "1"})
+        state["waiting"] += 1
+        try:
+            await model_lock.acquire()
+        finally:
+            state["waiting"] -= 1
+        try:
+            if await request.is_disconnected():  # it left while waiting: nothing to generate
+                return _error(499, "the client left before its turn", "cancelled")
+            return await generate(request, messages, n, params)
+        finally:
+            model_lock.release()
 
-    return Handler
+    async def generate(request: Request, messages: list[dict[str, str]], n: int, params: SamplingParams) -> Any:
+        cancel = threading.Event()
+        loop = asyncio.get_running_loop()
+        options = {"cancel": cancel} if "cancel" in inspect.signature(backend.generate).parameters else {}
+        work = loop.run_in_executor(None, lambda: backend.generate([messages], n, params, **options)[0])
+        deadline = time.monotonic() + limits.timeout_s
+        reason = None
+        while not work.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(work), timeout=0.25)
+            except asyncio.TimeoutError:
+                if await request.is_disconnected():
+                    reason = "client left"
+                elif time.monotonic() > deadline:
+                    reason = "timeout"
+                if reason:
+                    cancel.set()
+                    try:
+                        await work  # the generation stops at its next token: the model is free again
+                    except Exception:  # noqa: BLE001 - a cancelled generation's own error does not matter
+                        pass
+                    break
+        if reason == "timeout":
+            return _error(504, f"the generation took longer than {limits.timeout_s:g} s and was stopped", "timeout_error")
+        if reason == "client left":
+            return _error(499, "the client left; the generation was stopped", "cancelled")
+        try:
+            gens = work.result()
+        except Exception as e:  # noqa: BLE001 - a backend failure is the server's error, said in one line
+            return _error(500, f"generation failed: {type(e).__name__}: {str(e)[:200]}", "server_error")
+        prompt_tokens = gens[0].prompt_tokens if gens else 0
+        completion_tokens = sum(g.completion_tokens for g in gens)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+            "model": name,
+            "choices": [{"index": i, "message": {"role": "assistant", "content": g.text}, "finish_reason": g.finish_reason}
+                        for i, g in enumerate(gens)],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+    return app
 
 
-def make_server(backend: Backend, host: str = "127.0.0.1", port: int = 8000, served_name: str | None = None,
-                api_key: str | None = None) -> ThreadingHTTPServer:
-    """A ready server (call ``serve_forever()``; ``port=0`` picks a free port, see ``server.server_address``)."""
-    return ThreadingHTTPServer((host, port), make_handler(backend, served_name or backend.model_id, api_key))
+class RunningServer:
+    """A uvicorn server in a background thread (tests, benchmarks): ``url`` once started, ``stop()`` to end it."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        import socket
+
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self.url = f"http://{host}:{self.socket.getsockname()[1]}/v1"
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.socket.close()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="embedded", help="model: 'embedded', a local folder, or a cached Hugging Face id")
+    defaults = ServeLimits()
+    parser.add_argument("--model", default="embedded", help="model: 'embedded', a local folder or .gguf file, or a cached Hugging Face id")
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT format) to apply and merge")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s; 0 picks a free one)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     parser.add_argument("--served-name", default=None, help="model name clients use (default: the model id)")
     parser.add_argument("--api-key-env", default=None, help="require 'Authorization: Bearer $VAR' with this variable's value")
     parser.add_argument("--device", default="auto", help="cpu, cuda, or auto")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body (default %(default)s)")
+    parser.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens, help="longest prompt (default %(default)s)")
+    parser.add_argument("--max-n", type=int, default=defaults.max_n, help="most completions per request (default %(default)s)")
+    parser.add_argument("--max-tokens", type=int, default=defaults.max_tokens, help="most new tokens per completion (default %(default)s)")
+    parser.add_argument("--max-waiting", type=int, default=defaults.max_waiting,
+                        help="requests waiting for the model beyond which the server answers 429 (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=defaults.timeout_s,
+                        help="seconds a generation may run before it is stopped with 504 (default %(default)s)")
 
 
 def run(args: argparse.Namespace) -> int:
     from policy.backends import TransformersBackend
+    from policy.models import ModelNotFoundError
 
     key = None
     if args.api_key_env:
@@ -150,14 +365,23 @@ def run(args: argparse.Namespace) -> int:
         if not key:
             print(f"error: --api-key-env {args.api_key_env}: the variable is not set", file=sys.stderr)
             return 2
-    backend = TransformersBackend(args.model, args.adapter, device=args.device, batch_size=1, threads=args.threads)
-    server = make_server(backend, args.host, args.port, args.served_name, key)
-    host, port = server.server_address[:2]
-    print(f"serving {backend.model_id} on http://{host}:{port}/v1 (Ctrl-C stops)", flush=True)
+    numbers = {"--max-body-bytes": args.max_body_bytes, "--max-prompt-tokens": args.max_prompt_tokens,
+               "--max-n": args.max_n, "--max-tokens": args.max_tokens, "--max-waiting": args.max_waiting + 1,
+               "--timeout": args.timeout, "--port": args.port + 1}
+    bad = [f"{flag} = {value}" for flag, value in numbers.items() if not value > 0]
+    if bad:
+        print(f"error: {', '.join(bad)}: must be positive (the port 0 to 65535, --max-waiting 0 or more)", file=sys.stderr)
+        return 2
+    limits = ServeLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_n, args.max_tokens, args.max_waiting,
+                         args.timeout)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
+        backend = TransformersBackend(args.model, args.adapter, device=args.device, batch_size=1, threads=args.threads)
+    except (ModelNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    print(f"serving {backend.model_id} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", flush=True)
+    uvicorn.run(make_app(backend, args.served_name, key, limits), host=args.host, port=args.port, log_level="warning",
+                timeout_keep_alive=30)
     return 0

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = load_params(args.params, args.set).benchmark
         rows = build_benchmark(settings, args.out, read_exclusions(args.exclude), not args.no_progress)
-    except (ParamsError, OSError) as e:
+    except (ParamsError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except GenerationError as e:

@@ -69,12 +69,12 @@ def run(args: argparse.Namespace) -> int:
         config = EnvConfig.load(args.config)
         summary = generate_instances(config, args.out, read_exclusions(args.exclude), not args.no_progress,
                                      GeneratorOptions(max_attempts=args.max_attempts))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except GenerationError as e:
         print(f"error: {args.config}: {e}", file=sys.stderr)
         return 1
+    except (ConfigError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print(report(summary))
     return 0
 

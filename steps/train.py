@@ -270,10 +270,10 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         staged = work / "adapter"
         model.save_pretrained(staged)
         tok.save_pretrained(staged)
-        record = {**settings.model_dump(mode="json"), **policy.model_dump(mode="json")}
+        record = {"policy": policy.model_dump(mode="json"), "train": settings.model_dump(mode="json")}
         (staged / "train_config.json").write_text(json.dumps(record, indent=2))
         metrics["seconds"] = time.perf_counter() - start
-        write_dataset(out_completions, completions, COMPLETIONS)
+        write_dataset(out_completions, completions, COMPLETIONS, {"train": json.dumps(record)})
         lists = ("train/history", "sft/loss_history")
         atomic_write_text(out_metrics, json.dumps({k: v for k, v in metrics.items() if k not in lists}, indent=2, default=str))
         if out_history is not None:

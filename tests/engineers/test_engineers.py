@@ -185,6 +185,12 @@ def test_extract_json():
     assert extract_json("none")[0] is None and extract_json(None)[0] is None
 
 
+def test_a_trust_region_that_is_not_a_non_negative_number_is_ignored_with_a_note():
+    for limit in (-0.1, float("nan"), "lots", None):
+        result = finalize(Proposal({"3": {"hole_ratio": 0.45}}), CURRENT, {"hole_ratio": limit})
+        assert result.config.sizes[3].hole_ratio == 0.45 and any("trust region" in n for n in result.notes)
+
+
 def test_numbers_from_untrusted_values():
     assert to_number(0.25) == 0.25 and to_number("30%") == 0.3 and to_number(" 0.1 ") == 0.1
     for bad in (True, None, "lots", float("nan"), float("inf"), 10**400, "1" * 100, [0.1], {"$gt": 0}):

@@ -51,7 +51,7 @@ def test_bad_yaml_names_the_line(tmp_path):
     path.write_text("num_agents: 2\nsizes: {3: [\n")
     with pytest.raises(ConfigError, match=r"c.yaml:\d+: not valid YAML"):
         EnvConfig.load(path)
-    with pytest.raises(ConfigError, match="cannot read"):
+    with pytest.raises(ConfigError, match="cannot be read"):
         EnvConfig.load(tmp_path / "missing.yaml")
 
 

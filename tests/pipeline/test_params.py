@@ -69,9 +69,9 @@ def test_bad_files_are_errors_that_name_the_file(tmp_path):
             load_params(tmp_path / "p.yaml")
         assert fragment in str(e.value)
     (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00garbage")
-    with pytest.raises(ParamsError, match="cannot read"):
+    with pytest.raises(ParamsError, match="not UTF-8"):
         load_params(tmp_path / "bin.yaml")
-    with pytest.raises(ParamsError, match="cannot read"):
+    with pytest.raises(ParamsError, match="cannot be read"):
         load_params(tmp_path / "missing.yaml")
     huge = yaml.safe_load((ROOT / "params.yaml").read_text())
     huge["train"]["lora_targets"] = "x" * 100_000  # a long value is shown cut, never whole

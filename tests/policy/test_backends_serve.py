@@ -8,7 +8,7 @@ import pytest
 from envgen.instance import Instance
 from envgen.prompt import build_messages
 from policy.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend, VLLMBackend, make_backend
-from policy.serve import make_server
+from policy.serve import RunningServer, ServeLimits, make_app
 
 CONVS = [build_messages(Instance(("FF", "FF"), ((0, 0), (1, 1)), ((1, 1), (0, 0))))] * 3
 PARAMS = SamplingParams(max_new_tokens=12, temperature=1.0, seed=7)
@@ -23,16 +23,14 @@ def tiny_backend(tiny_model_dir):
 def served(tiny_backend):
     servers = []
 
-    def start(api_key=None):
-        server = make_server(tiny_backend, "127.0.0.1", 0, "tiny", api_key)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+    def start(api_key=None, limits=ServeLimits()):
+        server = RunningServer(make_app(tiny_backend, "tiny", api_key, limits))
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1"
+        return server.url
 
     yield start
     for server in servers:
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def test_transformers_backend_batches_samples_and_seeds(tiny_backend):

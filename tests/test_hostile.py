@@ -1,0 +1,368 @@
+"""The hostile-input corpus (tests/hostile/) through every surface: one clear line, exit 2 (or a 4xx), never a traceback,
+an echo of the input, a hung server or a leaked API key."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from env_engineer.cli import main
+
+CORPUS = Path(__file__).resolve().parent / "hostile"
+GOOD_CONFIG = "num_agents: 2\nbudget: 4\nseed: 0\nsizes: {3: {data_ratio: 1}}\n"
+KEY = "sk-test-0123456789abcdef"
+MOVINGAI = CORPUS / "movingai"
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def assert_one_clear_error(code: int, err: str, expected: int = 2) -> None:
+    assert code == expected, err[-500:]
+    assert err.startswith("error:") and len(err) < 2000 and "Traceback" not in err, err[:500]
+
+
+def configs() -> list[Path]:
+    return sorted((CORPUS / "configs").iterdir())
+
+
+@pytest.fixture(scope="module")
+def huge_value(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("huge") / "20mb.yaml"
+    path.write_text(GOOD_CONFIG + "note: \"" + "A" * 20_000_000 + "\"\n")
+    return path
+
+
+@pytest.mark.parametrize("path", configs(), ids=lambda p: p.name)
+def test_hostile_configurations_are_refused_in_one_line(path, capsys, tmp_path):
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD_CONFIG)
+    assert_one_clear_error(*run(capsys, "validate-config", path)[::2])
+    assert_one_clear_error(*run(capsys, "diff-configs", good, path)[::2])
+    assert_one_clear_error(*run(capsys, "generate-instances", "--config", path, "--out", tmp_path / "o.parquet")[::2])
+    assert_one_clear_error(*run(capsys, "validation-set", "--params", path, "--out", tmp_path / "v.parquet")[::2])
+    assert not (tmp_path / "o.parquet").exists() and not Path("/tmp/pwned").exists()
+
+
+def test_a_huge_value_is_refused_without_being_echoed(huge_value, capsys, tmp_path):
+    for argv in (("validate-config", huge_value), ("validation-set", "--params", huge_value, "--out", tmp_path / "v")):
+        assert_one_clear_error(*run(capsys, *argv)[::2])
+
+
+@pytest.mark.parametrize("map_name, scen_name", [
+    ("binary.map", "ok.scen"), ("ok.map", "binary.scen"), ("huge-height.map", "ok.scen"),
+    ("ok.map", "huge-coordinates.scen"), ("ok.map", "negative-coordinates.scen"), ("no-header.map", "ok.scen"),
+    ("wrong-width.map", "ok.scen"), ("missing.map", "ok.scen")])
+def test_hostile_movingai_files_are_refused_in_one_line(map_name, scen_name, capsys, tmp_path):
+    files = ["--map", MOVINGAI / map_name, "--scen", MOVINGAI / scen_name, "--agents", 2]
+    assert_one_clear_error(*run(capsys, "solve", *files)[::2])
+    assert_one_clear_error(*run(capsys, "render", *files)[::2])
+    plan = tmp_path / "p.json"
+    plan.write_text("[[[0, 0]], [[2, 0]]]")
+    assert_one_clear_error(*run(capsys, "check-plan", *files, "--plan", plan)[::2])
+
+
+def plans() -> list[Path]:
+    return sorted((CORPUS / "plans").iterdir())
+
+
+@pytest.mark.parametrize("path", plans(), ids=lambda p: p.name)
+def test_hostile_plans_exit_2_never_1(path, capsys):
+    files = ["--map", MOVINGAI / "ok.map", "--scen", MOVINGAI / "ok.scen", "--agents", 2]
+    assert run(capsys, "solve", *files)[0] == 0  # the instance itself is fine
+    assert_one_clear_error(*run(capsys, "check-plan", *files, "--plan", path)[::2])
+
+
+def test_deep_and_oversized_plans_exit_2(capsys, tmp_path):
+    files = ["--map", MOVINGAI / "ok.map", "--scen", MOVINGAI / "ok.scen", "--agents", 2]
+    deep, big = tmp_path / "deep.json", tmp_path / "big.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    big.write_text("[[" + ",".join(["[0, 0]"] * 1_500_000) + "], [[2, 0]]]")
+    for plan in (deep, big):
+        assert_one_clear_error(*run(capsys, "check-plan", *files, "--plan", plan)[::2])
+
+
+def test_schema_sizes_and_excluded_files_are_checked_before_use(capsys, tmp_path):
+    assert_one_clear_error(*run(capsys, "config-schema", "--sizes", "3-2000000000")[::2])
+    assert_one_clear_error(*run(capsys, "config-schema", "--sizes", "9" * 5000)[::2])
+    good = tmp_path / "c.yaml"
+    good.write_text(GOOD_CONFIG)
+    assert_one_clear_error(*run(capsys, "generate-instances", "--config", good, "--out", tmp_path / "o.parquet",
+                                "--exclude", good)[::2])
+
+
+def answers() -> list[str]:
+    return [p.read_text(encoding="utf-8", errors="replace") for p in sorted((CORPUS / "answers").iterdir())]
+
+
+def test_every_hostile_answer_becomes_a_valid_next_configuration():
+    from engineers.llm import CONTEXTS, LLMEngineer
+    from engineers.summary import Summary
+    from envgen.config import EnvConfig
+    from pipeline.params import EngineerSettings, PolicySettings
+    from policy.backends import Generation
+    from steps.engineer_config import engineer_config
+
+    current = EnvConfig.from_yaml("num_agents: 2\nbudget: 6\nseed: 0\nsizes: {3: {data_ratio: 1}, 4: {data_ratio: 1}}\n")
+
+    class Scripted:
+        model_id, adapter_hash = "scripted", None
+
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+        def generate(self, conversations, n, params, on_progress=None):
+            return [[Generation(self.text, 1, 1, "stop", 0.0, 0)]]
+
+    for text in [*answers(), "{ {" * 200_000, '{"a":' * 100_000]:
+        engineer = LLMEngineer("base", Scripted(text), CONTEXTS["failures"], attempts=1)
+        result = engineer_config(Summary(stage=0), current, EngineerSettings(engineer="base", attempts=1), PolicySettings(),
+                                 0, engineer=engineer)
+        config = result.config
+        assert EnvConfig.parse(json.loads(config.model_dump_json())) == config
+        assert config.budget == current.budget and config.num_agents == current.num_agents and config.seed == 1
+        json.dumps(result.log, default=str)
+
+
+# ------------------------------------------------------------------------------------------------------------ serve
+@pytest.fixture(scope="module")
+def server(tiny_model_dir):
+    from policy.backends import TransformersBackend
+    from policy.serve import RunningServer, ServeLimits, make_app
+
+    backend = TransformersBackend(str(tiny_model_dir), device="cpu", batch_size=1, threads=1)
+    limits = ServeLimits(max_n=64, max_tokens=2048, max_prompt_tokens=1024, timeout_s=60.0)
+    running = RunningServer(make_app(backend, "tiny", None, limits))
+    yield running
+    running.stop()
+
+
+def raw_request(url: str, body: bytes, path: str = "/v1/chat/completions", headers: dict[str, str] | None = None,
+                timeout: float = 60.0) -> int:
+    """Send one request on a raw socket (headers exactly as given); the status, or 0 for no reply."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    head = {"Host": "x", "Content-Type": "application/json", "Connection": "close", "Content-Length": str(len(body)),
+            **(headers or {})}
+    data = f"POST {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body
+    with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
+        reply = b""
+        try:
+            sock.sendall(data)  # a server that refuses a body early may close before it is all sent
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
+            pass
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/") else 0
+
+
+HELLO = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+
+@pytest.mark.parametrize("path", sorted((CORPUS / "http").iterdir()), ids=lambda p: p.name)
+def test_hostile_requests_get_a_4xx_and_the_server_stays_up(path, server):
+    spec = json.loads(path.read_text())
+    status = raw_request(server.url, spec["body"].encode(), spec.get("path", "/v1/chat/completions"), spec.get("headers"))
+    assert status == spec["status"]
+    assert raw_request(server.url, json.dumps(HELLO).encode()) == 200
+
+
+def test_oversized_bodies_prompts_and_deep_json_are_refused(server):
+    import httpx
+
+    big = json.dumps({"messages": [{"role": "user", "content": "x" * 5_000_000}]}).encode()
+    assert raw_request(server.url, big) in (413, 0)  # 413 at once, before the body is read (or the reset that cuts it)
+    reply = httpx.post(f"{server.url}/chat/completions", content=big[:1_000_100], timeout=60,
+                       headers={"Content-Type": "application/json"})
+    assert reply.status_code == 413 and "at most 1,000,000 bytes" in reply.json()["error"]["message"]
+    long_prompt = {"messages": [{"role": "user", "content": "U D L R " * 12_500}], "max_tokens": 4}  # ~100 KB
+    reply = httpx.post(f"{server.url}/chat/completions", json=long_prompt, timeout=60)
+    assert reply.status_code == 400 and "tokens" in reply.json()["error"]["message"]
+    assert raw_request(server.url, b"[" * 100_000) == 400
+    assert httpx.post(f"{server.url}/chat/completions", json=HELLO, timeout=60).status_code == 200
+
+
+def test_an_abandoned_generation_frees_the_model(server):
+    """A client that sends a long request (64 samples x 2,048 tokens) and leaves: its generation stops at the next
+    token, and the next request is served at once."""
+    import httpx
+
+    body = json.dumps({**HELLO, "n": 64, "max_tokens": 2048, "temperature": 1.0}).encode()
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(server.url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    deadline = time.monotonic() + 30
+    while not httpx.get(f"{server.url[:-3]}/health").json()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = time.monotonic()
+    sock.close()
+    while httpx.get(f"{server.url[:-3]}/health").json()["busy"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    freed_after = time.monotonic() - left
+    reply = httpx.post(f"{server.url}/chat/completions", json=HELLO, timeout=60)
+    assert reply.status_code == 200
+    assert freed_after < 10, f"the model stayed busy {freed_after:.1f} s after its client left"
+
+
+def test_load_at_1_10_and_50_clients_is_served_or_told_to_retry(server, capsys):
+    """A bounded load test on loopback: every request gets an answer (200, or 429 when the waiting room is full);
+    none is dropped. Prints requests/s and latencies per level."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    from serve_load import burst, level
+
+    for clients in (1, 10, 50):
+        row = level(server.url, clients, requests=clients * 2, max_tokens=4, timeout=60)
+        with capsys.disabled():
+            print(f"\nserve load, {clients} clients: {row['ok_per_s']:.1f} ok/s, p50 {row['p50_s']:.3f} s, "
+                  f"p99 {row['p99_s']:.3f} s, {row['outcomes']}")
+        assert set(row["outcomes"]) <= {"200", "429"} and row["outcomes"].get("200", 0) > 0
+    crowd = burst(server.url, 100, timeout=60)
+    assert set(crowd["outcomes"]) <= {"200", "429"} and sum(crowd["outcomes"].values()) == 100
+
+
+# --------------------------------------------------------------------------------------------------- the API key
+class Recorder(BaseHTTPRequestHandler):
+    """An endpoint whose behaviour the test sets: it records every request's headers."""
+
+    behaviour: dict = {}
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).seen.append(dict(self.headers))
+        b = type(self).behaviour
+        status, body, headers = b.get("status", 200), b.get("body", "{}"), b.get("headers", {})
+        if callable(body):
+            body = body(self.headers)
+        data = body.encode()
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def endpoint(behaviour: dict) -> tuple[ThreadingHTTPServer, str, type]:
+    handler = type("Handler", (Recorder,), {"behaviour": behaviour, "seen": []})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1", handler
+
+
+def echo_key(headers) -> str:
+    return json.dumps({"error": {"message": f"bad key {headers.get('Authorization')}"}})
+
+
+def answer_with_key(headers) -> str:
+    return json.dumps({"choices": [{"message": {"content": f"my key is {headers.get('Authorization')}"},
+                                    "finish_reason": "stop"}]})
+
+
+@pytest.mark.parametrize("case", ["redirect", "echo-4xx", "echo-5xx", "echo-200", "not-a-completion", "not-json"])
+def test_the_api_key_never_leaves_its_host_nor_reaches_a_record(case, monkeypatch, tmp_path, capsys):
+    from policy.backends import BackendError, OpenAIBackend, SamplingParams
+
+    monkeypatch.setenv("HOSTILE_KEY", KEY)
+    other, other_url, other_handler = endpoint({"body": answer_with_key})
+    behaviours = {
+        "redirect": {"status": 302, "headers": {"Location": other_url + "/chat/completions"}},
+        "echo-4xx": {"status": 401, "body": echo_key},
+        "echo-5xx": {"status": 503, "body": echo_key},
+        "echo-200": {"body": answer_with_key},
+        "not-a-completion": {"body": '{"choices": "x"}'},
+        "not-json": {"body": "<html>" + "x" * 1000},
+    }
+    srv, url, handler = endpoint(behaviours[case])
+    try:
+        client = OpenAIBackend(url, "m", api_key_env="HOSTILE_KEY", max_retries=1, backoff_s=0.01)
+        try:
+            out = client.generate([[{"role": "user", "content": "hi"}]], 1, SamplingParams(stop=()))
+            text = out[0][0].text
+        except BackendError as e:
+            text = str(e)
+        assert KEY not in text
+        if case == "echo-200":
+            assert "***" in text  # the endpoint's echo of the key, scrubbed
+        assert handler.seen and handler.seen[0].get("Authorization") == f"Bearer {KEY}"  # the key went where it belongs
+        assert not other_handler.seen  # and nowhere else
+        # the same endpoint as the api engineer: nothing it answers puts the key into engineer_log.json
+        (tmp_path / "c.yaml").write_text(GOOD_CONFIG)
+        from engineers.summary import Summary
+
+        (tmp_path / "s.json").write_text(Summary(stage=0).to_json())
+        params = tmp_path / "params.yaml"
+        from tests.helpers import ROOT
+
+        params.write_text((ROOT / "params.yaml").read_text())
+        code = main(["engineer-config", "--params", str(params), "--set", "engineer.engineer=api", "--set",
+                     f"engineer.base_url={url}", "--set", "engineer.api_key_env=HOSTILE_KEY", "--set", "engineer.attempts=1",
+                     "--set", "engineer.feasibility_check=false", "--summary", str(tmp_path / "s.json"), "--config",
+                     str(tmp_path / "c.yaml"), "--stage", "0", "--out-config", str(tmp_path / "n.yaml"), "--out-log",
+                     str(tmp_path / "log.json")])
+        printed = capsys.readouterr()
+        assert code == 0
+        for text in ((tmp_path / "log.json").read_text(), (tmp_path / "n.yaml").read_text(), printed.out, printed.err):
+            assert KEY not in text
+    finally:
+        srv.shutdown()
+        other.shutdown()
+
+
+def test_a_rollout_against_an_endpoint_that_answers_nonsense_exits_2(capsys, tmp_path, monkeypatch):
+    from envgen.config import EnvConfig
+    from envgen.dataset import write_instances
+    from envgen.generator import generate
+    from tests.helpers import ROOT
+
+    cfg = EnvConfig.from_yaml(GOOD_CONFIG)
+    write_instances(tmp_path / "i.parquet", generate(cfg), cfg)
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "params.yaml").read_text())
+    srv, url, _ = endpoint({"body": '{"choices": "x"}'})
+    try:
+        code, _, err = run(capsys, "rollout", "--params", params, "--set", "rollout.backend=openai", "--set",
+                           f"rollout.base_url={url}", "--set", "rollout.api_key_env=NO_SUCH_VARIABLE", "--instances",
+                           tmp_path / "i.parquet",
+                           "--out", tmp_path / "t.parquet", "--no-progress")
+        assert_one_clear_error(code, err)
+        assert "no choices" in err
+    finally:
+        srv.shutdown()
+
+
+def test_random_bytes_never_crash_the_readers(tmp_path, capsys):
+    """A light fuzz of the file readers with random bytes (seeded): a one-line error, never a traceback."""
+    rng = random.Random(0)
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD_CONFIG)
+    for k in range(40):
+        data = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+        path = tmp_path / f"f{k}"
+        path.write_bytes(data)
+        assert_one_clear_error(*run(capsys, "validate-config", path)[::2])
+        assert run(capsys, "check-plan", "--map", MOVINGAI / "ok.map", "--scen", MOVINGAI / "ok.scen", "--agents", 2,
+                   "--plan", path)[0] == 2
+        assert run(capsys, "solve", "--map", path, "--scen", MOVINGAI / "ok.scen", "--agents", 2)[0] == 2
