@@ -28,6 +28,20 @@ GUIDELINE = """Guidelines:
 - Do not abandon large sizes entirely; give them a share that matches progress there."""
 
 
+RATIONALE_PLACEHOLDER = "why, in one or two sentences"
+"""The rationale of the answer format's example; a small model often copies it instead of giving its own."""
+NO_RATIONALE = "(none: the answer gave no rationale of its own, or copied the format's placeholder)"
+
+
+def own_rationale(value: Any) -> str:
+    """The rationale of an answer as recorded: cut to 600 characters, and :data:`NO_RATIONALE` where the model copied
+    the example's placeholder (or gave none), so that no log or report shows the prompt's text as the engineer's."""
+    text = str(value if value is not None else "").strip()[:600]
+    if not text or text.rstrip(".").lower() == RATIONALE_PLACEHOLDER:
+        return NO_RATIONALE
+    return text
+
+
 @dataclass(frozen=True)
 class ContextSpec:
     """What the LLM engineer sees besides the failure report (the paper's context ablation, row by row); its
@@ -55,7 +69,7 @@ class ContextSpec:
             parts.append(summary.section_history(self.history_default))
         if self.bookkeeping:
             parts.append(summary.section_training())
-        example = {"rationale": "why, in one or two sentences", "sizes": {str(n): sizes[str(n)] for n in list(sizes)[:1]}}
+        example = {"rationale": RATIONALE_PLACEHOLDER, "sizes": {str(n): sizes[str(n)] for n in list(sizes)[:1]}}
         parts.append("# Answer\nReturn the next configuration as JSON with a rationale and every size "
                      f"({', '.join(sizes)}), for example:\n{json.dumps(example)}")
         return "\n\n".join(p for p in parts if p)
@@ -162,5 +176,5 @@ class LLMEngineer:
                 obj, error = None, "the JSON object has no 'sizes' mapping"
             attempts.append({"attempt": k + 1, "raw_output": gen.text, "error": error, "constrained": gen.constrained})
             if obj is not None:
-                return Proposal(obj["sizes"], str(obj.get("rationale", ""))[:600], prompt, tuple(attempts), constrained)
+                return Proposal(obj["sizes"], own_rationale(obj.get("rationale")), prompt, tuple(attempts), constrained)
         return Proposal(None, "", prompt, tuple(attempts), constrained)

@@ -15,6 +15,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     """``name -> (help, module, arguments function, run function)`` for every subcommand."""
     from envgen import commands as testbed
     from experiments import compare, report
+    from flows import ready
     from pipeline import checks
     from policy import serve
     from steps import (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
@@ -44,6 +45,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
         "compare": ("Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
                     compare, *step),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
+        "prefect-ready": ("Wait until a Prefect server answers (for scripts that start one in the background).", ready, *step),
         # the testbed
         "solve": ("Solve the first K agents of a MovingAI scenario optimally (CBS, sum of costs).", testbed,
                   "add_solve_arguments", "run_solve"),

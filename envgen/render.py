@@ -94,6 +94,8 @@ def render_png(instance: Instance, path: str | Path | None = None, paths: Sequen
     them atomically to ``path`` when given. Agents are drawn at ``positions`` (default: their starts)."""
     top = 22 if title else 0
     w, h = instance.width * cell_px, instance.height * cell_px + top
+    if title:  # the image is widened to the title's width, so a small board's title is never cut off
+        w = max(w, int(ImageDraw.Draw(Image.new("RGB", (1, 1))).textlength(title)) + 8)
     img = Image.new("RGB", (w + 1, h + 1), (255, 255, 255))
     draw = ImageDraw.Draw(img)
     if title:

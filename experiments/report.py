@@ -2,8 +2,8 @@
 image is embedded, there is no script and no external address. The run's files are found through ``dvc.yaml``
 (:func:`run_files`), so the report reads what the pipeline declares.
 
-Sections: benchmark curves per stage (Sum over sizes per agent count, with the reference planners); validation valid
-rate per stage and size (heatmap); the last stage's benchmark per agent count and size (heatmap); the configuration's
+Sections: benchmark curves per stage (Sum over sizes per agent count, with the reference planners); training curves
+(warm-start loss and GRPO reward per step, per stage); validation valid rate per stage and size (heatmap); the last stage's benchmark per agent count and size (heatmap); the configuration's
 evolution (per-size data share, hole ratio, wait ratio across stages); failure breakdowns per stage; the engineers'
 rationales and validation notes; rendered failure cases; and the engineer comparison when given.
 """
@@ -27,8 +27,8 @@ from experiments.dvc import StageFiles, curriculum_items, pipeline_stages, stage
 
 def run_files(stages: list[StageFiles]) -> list[dict[str, Any]]:
     """Per curriculum stage, the files of its run as ``dvc.yaml`` declares them: ``config`` (generate-instances' params
-    file), ``train`` (train's metrics), ``validation`` and ``trajectories`` (rollout's metrics and Parquet), ``bench``
-    and ``tables`` (evaluate's metrics and markdown), ``summary`` (summarize-failures' JSON), ``engineer`` (the
+    file), ``train`` (train's metrics), ``sft_history`` and ``grpo_history`` (train's plots), ``validation`` and
+    ``trajectories`` (rollout's metrics and Parquet), ``bench`` and ``tables`` (evaluate's whole table and markdown), ``summary`` (summarize-failures' JSON), ``engineer`` (the
     engineer's log). The stage after the last gets the engineer's proposed ``config`` alone."""
     out = []
     items = curriculum_items(stages)
@@ -37,12 +37,13 @@ def run_files(stages: list[StageFiles]) -> list[dict[str, Any]]:
             s = stage_named(stages, step, item)
             if s is None:
                 return None
-            paths = {"metrics": s.metrics, "outs": s.outs, "params": s.params_files}[kind]
+            paths = {"metrics": s.metrics, "outs": s.outs, "params": s.params_files, "plots": s.plots}[kind]
             return next((p for p in paths if p.endswith(suffix)), None)
 
         out.append({"stage": int(item) if item.isdigit() else item, "config": pick("generate-instances", "params", ".yaml"),
-                    "train": pick("train", "metrics"), "validation": pick("rollout", "metrics"),
-                    "trajectories": pick("rollout", "outs", ".parquet"), "bench": pick("evaluate", "metrics"),
+                    "train": pick("train", "metrics"), "sft_history": pick("train", "plots", "sft_history.json"),
+                    "grpo_history": pick("train", "plots", "grpo_history.json"), "validation": pick("rollout", "metrics"),
+                    "trajectories": pick("rollout", "outs", ".parquet"), "bench": pick("evaluate", "outs", "_table.json"),
                     "tables": pick("evaluate", "outs", ".md"), "summary": pick("summarize-failures", "outs", ".json"),
                     "engineer": pick("engineer-config", "outs", ".json")})
     last = stage_named(stages, "engineer-config", items[-1]) if items else None
@@ -58,7 +59,7 @@ def load_run(root: Path, files: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for spec in files:
         entry: dict[str, Any] = {"stage": spec["stage"]}
-        for key in ("summary", "validation", "bench", "train", "engineer"):
+        for key in ("summary", "validation", "bench", "train", "engineer", "sft_history", "grpo_history"):
             path = spec.get(key) and root / spec[key]
             if path and path.exists():
                 entry[key] = json.loads(path.read_text())
@@ -120,6 +121,9 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
                     grid[i, j] = 100 * cell["acc"]
         figs["benchmark_heatmap"] = _heatmap(grid, [f"{a} agents" for a in agents], [f"{n}x{n}" for n in sizes],
                                              f"Benchmark valid rate after stage {trained[-1]['stage']}, %")
+    curves = [e for e in run if e.get("sft_history") or e.get("grpo_history")]
+    if curves:
+        figs["training_curves"] = training_curves(curves)
     validated = [e for e in run if "validation" in e]
     if validated:
         sizes = sorted({int(n) for e in validated for n in e["validation"]["validation_by_size"]})
@@ -143,6 +147,7 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
             axes[j].set_title(title, fontsize=9)
             axes[j].set_xlabel("stage")
             axes[j].set_xticks(xs)
+            axes[j].set_ylim(-0.02, (0.5 if knob == "hole_ratio" else 1.0) + 0.02)  # the knob's whole range
         axes[2].legend(fontsize=7, ncol=2)
         fig.suptitle("Configuration per stage (the last one is the engineer's proposal for the next stage)", fontsize=9)
         figs["config_evolution"] = _png(fig)
@@ -168,6 +173,31 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
         ax.set_title("Outcome of validation answers per stage", fontsize=9)
         figs["failures"] = _png(fig)
     return figs
+
+
+def training_curves(run: list[dict[str, Any]]) -> bytes:
+    """Warm-start loss and GRPO mean reward (and valid rate) per optimizer step, one line per stage."""
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
+    for i, e in enumerate(run):
+        sft, grpo = e.get("sft_history") or [], e.get("grpo_history") or []
+        if sft:
+            left.plot([r["step"] for r in sft], [r["loss"] for r in sft], "-", color=f"C{i % 10}", label=f"stage {e['stage']}")
+        if grpo:
+            right.plot([r["step"] for r in grpo], [r["reward"] for r in grpo], "o-", color=f"C{i % 10}", markersize=3,
+                       label=f"stage {e['stage']}: reward")
+            right.plot([r["step"] for r in grpo], [r["valid"] for r in grpo], ":", color=f"C{i % 10}",
+                       label=f"stage {e['stage']}: valid rate")
+    left.set_title("warm-start loss per step", fontsize=9)
+    left.set_xlabel("step")
+    right.set_title("GRPO mean reward and valid rate per step", fontsize=9)
+    right.set_xlabel("step")
+    right.set_ylim(-0.02, 1.02)
+    for ax in (left, right):
+        if ax.lines:
+            ax.legend(fontsize=7)
+    return _png(fig)
 
 
 def _heatmap(grid, rows: list[str], cols: list[str], title: str) -> bytes:
@@ -256,7 +286,8 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
         written.append(assets / f"{name}.png")
     parts = [f"<h1>{html.escape(title)}</h1>",
              f"<p>{len([e for e in run if 'train' in e])} trained stage(s) in {html.escape(source)}.</p>"]
-    captions = {"benchmark_curves": "Benchmark curves", "benchmark_heatmap": "Benchmark by agents and size",
+    captions = {"benchmark_curves": "Benchmark curves", "training_curves": "Training curves",
+                "benchmark_heatmap": "Benchmark by agents and size",
                 "validation_heatmap": "Validation by stage and size", "config_evolution": "Configuration evolution",
                 "failures": "Failure breakdown"}
     for key, caption in captions.items():
@@ -300,7 +331,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repo", type=Path, default=Path("."), help="the pipeline's repository (default: here); the "
                         "files are those its dvc.yaml declares")
     parser.add_argument("--comparison", type=Path, default=None, help="comparison.json from `env-engineer compare`")
-    parser.add_argument("--out", type=Path, default=Path("report.html"), help="HTML file to write; PNGs go to <name>_assets/")
+    parser.add_argument("--out", type=Path, default=Path("reports/report.html"),
+                        help="HTML file to write (default: %(default)s, ignored by git); PNGs go to <name>_assets/")
     parser.add_argument("--title", default="env-engineer run")
 
 

@@ -102,6 +102,10 @@ class TrainSettings(_Section):
     sft_epochs: float = Field(1.0, gt=0, description="Warm-start epochs over the stage's instances.")
     sft_learning_rate: float = Field(1e-3, gt=0, description="Warm-start learning rate.")
     sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
+    sft_micro_batch_size: int | None = Field(
+        None, ge=1, description="Warm-start examples per forward/backward pass (None: sft_batch_size); a step "
+        "accumulates gradients over sft_batch_size / sft_micro_batch_size passes (memory, not maths: on the CPU "
+        "preset 2 instead of 8 took the warm start's peak from 8.6 to 3.4 GB, same losses, same time).")
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
     grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
@@ -140,6 +144,15 @@ class TrainSettings(_Section):
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
         "compiled phase, else none (padding costs compute).")
+
+
+    @model_validator(mode="after")
+    def _micro_batches(self) -> TrainSettings:
+        micro = self.sft_micro_batch_size
+        if micro is not None and self.sft_batch_size % micro:
+            raise ValueError(f"train.sft_micro_batch_size = {micro} does not divide train.sft_batch_size = "
+                             f"{self.sft_batch_size}; set it to a divisor of sft_batch_size (e.g. 1, 2 or 4) or null")
+        return self
 
 
 class RolloutSettings(_Section):

@@ -22,18 +22,16 @@ from envgen.files import atomic_write_text
 from envgen.generator import GenerationError
 from envgen.schemas import BENCHMARK
 from pipeline.params import BenchmarkSettings, ParamsError, add_params_arguments, load_params
+from pipeline.progress import Progress
 
 
 def build_benchmark(settings: BenchmarkSettings, out: Path, exclude: frozenset[str] = frozenset(),
                     progress: bool = True) -> list[dict[str, Any]]:
     """Generate, verify and write the benchmark instances; returns their rows."""
-    from tqdm import tqdm
-
     cells = cell_configs(settings.seed, settings.per_cell, settings.wait_ratios, settings.hole_ratio, settings.agents)
     taken = set(exclude)
     rows: list[dict[str, Any]] = []
-    with tqdm(total=sum(c.config.budget for c in cells), desc="build-benchmark", unit="inst", disable=not progress,
-              file=sys.stderr) as bar:
+    with Progress(sum(c.config.budget for c in cells), "build-benchmark", "instances", progress) as bar:
         for cell in cells:
             for g in generate_verified(cell.config, exclude=taken, on_progress=bar.update):
                 taken.add(g.instance.content_hash)
@@ -47,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="benchmark instances Parquet")
     parser.add_argument("--out-reference", type=Path, required=True, help="reference rows JSON (CBS and the reference planners)")
     parser.add_argument("--exclude", type=Path, action="append", default=[], help="instances that must not appear (validation)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
 
 
 def run(args: argparse.Namespace) -> int:

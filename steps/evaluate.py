@@ -2,8 +2,9 @@
 
 Inputs: the benchmark, the stage's rollout on it (``env-engineer rollout``, run just before in the same DVC stage),
 the stage's training instances (re-checked: none may be a benchmark instance) and the reference rows. Outputs:
-``benchmark_metrics.json`` (DVC metrics: ``bench/acc/<A>_agents``, ``bench/opt/<A>_agents`` = the Sum over sizes per
-agent count; the whole table; the reference rows) and ``benchmark.md`` (tables in the paper's layout).
+``benchmark_metrics.json`` (DVC metrics, the headline numbers only: ``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``
+= the Sum over sizes per agent count), ``benchmark_table.json`` (the whole table per agent count and size, the
+overlap check and the reference rows) and ``benchmark.md`` (the tables in the paper's layout).
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trajectories", type=Path, required=True, help="the stage's rollout on the benchmark")
     parser.add_argument("--training", type=Path, action="append", default=[], help="training instances so far (repeatable)")
     parser.add_argument("--reference", type=Path, default=None, help="reference rows JSON to include")
-    parser.add_argument("--out-metrics", type=Path, required=True, help="metrics JSON (dvc metrics)")
+    parser.add_argument("--out-metrics", type=Path, required=True, help="headline metrics JSON (dvc metrics)")
+    parser.add_argument("--out-full", type=Path, default=None,
+                        help="the whole table, overlap check and reference rows JSON")
     parser.add_argument("--out-table", type=Path, required=True, help="markdown tables in the paper's layout")
 
 
@@ -71,7 +74,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    atomic_write_text(args.out_metrics, json.dumps(metrics, indent=2))
+    atomic_write_text(args.out_metrics, json.dumps({"bench": metrics["bench"]}, indent=2))
+    if args.out_full is not None:
+        atomic_write_text(args.out_full, json.dumps(metrics, indent=2))
     atomic_write_text(args.out_table, tables(metrics))
     print("benchmark: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics["bench"].items()))
     return 0

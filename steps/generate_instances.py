@@ -17,6 +17,7 @@ from pathlib import Path
 from envgen.config import ConfigError, EnvConfig
 from envgen.dataset import generate_verified, read_exclusions, write_instances
 from envgen.generator import GenerationError, GeneratorOptions
+from pipeline.progress import Progress
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,8 @@ class GenerateSummary:
 def generate_instances(config: EnvConfig, out: Path, exclude: frozenset[str] = frozenset(), progress: bool = True,
                        options: GeneratorOptions | None = None, label: str = "generate-instances") -> GenerateSummary:
     """Generate, verify and write the instances of ``config`` to ``out`` (atomically)."""
-    from tqdm import tqdm
-
     start = time.perf_counter()
-    with tqdm(total=config.budget, desc=label, unit="inst", disable=not progress, file=sys.stderr) as bar:
+    with Progress(config.budget, label, "instances", progress) as bar:
         rows = list(generate_verified(config, options, exclude, on_progress=bar.update))
     write_instances(out, rows, config)
     per_size = Counter(g.slot.size for g in rows)
@@ -58,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instances file whose instances must not be generated (repeatable), e.g. the benchmark")
     parser.add_argument("--max-attempts", type=int, default=GeneratorOptions.max_attempts,
                         help="rejected draws allowed per instance before failing with an error that names the size (default %(default)s)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from envgen.prompt import build_messages
 from envgen.reward import score_completion
 from envgen.schemas import TRAJECTORIES
 from pipeline.params import ParamsError, PolicySettings, RolloutSettings, add_params_arguments, load_params
+from pipeline.progress import Progress
 from policy.backends import SamplingParams, make_backend
 
 
@@ -64,8 +65,6 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
             limit: int | None = None, backend: Any = None, progress: bool = True) -> RolloutSummary:
     """Run the rollout and write the trajectories Parquet. ``limit``: only the first instances; ``backend`` may be
     passed to reuse a loaded model."""
-    from tqdm import tqdm
-
     table = read_instances(instances_path)
     rows_in = table.to_pylist()[:limit]
     instances = [Instance.from_str(r["instance"]) for r in rows_in]
@@ -76,7 +75,7 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                             top_p=settings.top_p, seed=settings.seed)
     start = time.perf_counter()
-    with tqdm(total=len(conversations), desc="rollout", unit="inst", disable=not progress, file=sys.stderr) as bar:
+    with Progress(len(conversations), "rollout", "instances", progress) as bar:
         generations = backend.generate(conversations, settings.samples, params, on_progress=bar.update)
     seconds = time.perf_counter() - start
     rows = []
@@ -105,7 +104,8 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
 
 
 def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
-    """Validation metrics of a trajectories file (DVC metrics): overall and per size, namespaced."""
+    """Validation metrics of a trajectories file (DVC metrics, headline numbers only): overall valid, optimal, parsed
+    and reward rates and count; the valid rate per map size."""
     table = pq.read_table(trajectories).to_pylist()
 
     def rates(rows: list[dict]) -> dict:
@@ -113,7 +113,8 @@ def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
         return {"valid": sum(r["valid"] for r in rows) / n, "optimal": sum(r["optimal"] for r in rows) / n,
                 "parsed": sum(r["parsed"] for r in rows) / n, "reward": sum(r["reward"] for r in rows) / n, "n": len(rows)}
     metrics = {"validation": rates(table), "validation_by_size": {
-        str(size): rates([r for r in table if r["size"] == size]) for size in sorted({r["size"] for r in table})}}
+        str(size): {"valid": rates([r for r in table if r["size"] == size])["valid"]}
+        for size in sorted({r["size"] for r in table})}}
     atomic_write_text(metrics_path, json.dumps(metrics, indent=2))
     return metrics
 
@@ -126,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stage", type=int, default=0, help="curriculum stage recorded with each row (default 0)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N instances")
     parser.add_argument("--out-metrics", type=Path, default=None, help="also write validation metrics JSON here")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
 
 
 def run(args: argparse.Namespace) -> int:

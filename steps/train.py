@@ -4,8 +4,9 @@ previous stage's adapter or fresh.
 
 Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
 the next stage reads it), every GRPO completion with its reward and failure category (Parquet,
-:data:`envgen.schemas.COMPLETIONS`), metrics (JSON: reward and validity per step and per map size, warm-start losses,
-wall time) and the per-step history (for ``dvc plots``).
+:data:`envgen.schemas.COMPLETIONS`), the headline metrics (JSON of numbers, for ``dvc metrics``: warm-start loss,
+reward and validity overall and by quarter, wall time), the details (JSON: model, device, per map size, seconds per
+step) and one history per curve (for ``dvc plots``: warm-start loss per step, GRPO reward and validity per step).
 
 Settings: params.yaml's ``policy`` (model, prompt, reward) and ``train`` sections
 (:class:`pipeline.params.TrainSettings`). Imports no Prefect, DVC or polars.
@@ -32,6 +33,7 @@ from envgen.prompt import PromptStyle, build_messages, format_answer
 from envgen.reward import RewardConfig, completion_text, instance_from_text, score_completion
 from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
+from pipeline.progress import trainer_progress
 
 
 class RecordingReward:
@@ -135,18 +137,21 @@ def step_clock() -> Any:
     return StepClock()
 
 
-def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path) -> dict[str, Any]:
+def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path,
+               progress: bool = True) -> dict[str, Any]:
     """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
     demos = demonstrations(rows[: config.sft_max_examples], style)
+    micro = config.sft_micro_batch_size or config.sft_batch_size
     args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
-                     per_device_train_batch_size=config.sft_batch_size, learning_rate=config.sft_learning_rate,
+                     per_device_train_batch_size=micro, gradient_accumulation_steps=config.sft_batch_size // micro,
+                     learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
-                         callbacks=[clock])
+                         callbacks=[clock, trainer_progress("train (warm start)", progress)])
     start = time.perf_counter()
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -156,7 +161,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
 
 
 def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device: str,
-         work: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+         work: Path, progress: bool = True) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """GRPO on the stage's instances within the trajectory budget."""
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -187,7 +192,8 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     reward = RecordingReward(policy.reward)
     clock = step_clock()
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
-                          processing_class=tok, rollout_func=rollout_func, callbacks=[clock])
+                          processing_class=tok, rollout_func=rollout_func,
+                          callbacks=[clock, trainer_progress("train (GRPO)", progress)])
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
@@ -234,11 +240,37 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
+HISTORIES = ("sft/loss_history", "train/history")
+"""The metrics that are per-step lists: written to the history files, never to the metrics or details files."""
+
+
+def headline(metrics: dict[str, Any]) -> dict[str, float | int]:
+    """The numbers among ``metrics`` (what ``dvc metrics show`` and ``dvc exp show`` list): no text, flags, lists or
+    tables."""
+    return {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def write_outputs(metrics: dict[str, Any], out_metrics: str | Path, out_details: str | Path | None = None,
+                  out_sft_history: str | Path | None = None, out_grpo_history: str | Path | None = None) -> None:
+    """Write the headline metrics, the details (everything but the histories) and one history file per curve."""
+    atomic_write_text(out_metrics, json.dumps(headline(metrics), indent=2))
+    if out_details is not None:
+        details = {k: v for k, v in metrics.items() if k not in HISTORIES}
+        atomic_write_text(out_details, json.dumps(details, indent=2, default=str))
+    if out_sft_history is not None:
+        losses = metrics.get("sft/loss_history", [])
+        atomic_write_text(out_sft_history, json.dumps([{"step": i + 1, "loss": v} for i, v in enumerate(losses)], indent=1))
+    if out_grpo_history is not None:
+        atomic_write_text(out_grpo_history, json.dumps(metrics.get("train/history", []), indent=1))
+
+
 def train(instances: str | Path, out_adapter: str | Path, out_completions: str | Path, out_metrics: str | Path,
           settings: TrainSettings = TrainSettings(), policy: PolicySettings = PolicySettings(),
-          init_adapter: str | Path | None = None, out_history: str | Path | None = None) -> dict[str, Any]:
-    """Run the step; returns the metrics. ``out_metrics`` gets the scalar and per-size metrics (for ``dvc metrics``),
-    ``out_history`` (optional) the per-step records (for ``dvc plots``): GRPO reward, validity, warm-start loss."""
+          init_adapter: str | Path | None = None, out_details: str | Path | None = None,
+          out_sft_history: str | Path | None = None, out_grpo_history: str | Path | None = None,
+          progress: bool = True) -> dict[str, Any]:
+    """Run the step; returns every metric. Writes the outputs of :func:`write_outputs` (the optional ones where a path
+    is given). ``progress``: a line every 15 s (a bar in a terminal) during the warm start and GRPO."""
     import torch
     from transformers import set_seed
 
@@ -262,10 +294,10 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         metrics: dict[str, Any] = {"model": policy.model, "init_adapter": str(init_adapter) if init_adapter else None,
                                    "device": device, "instances": len(rows)}
         if settings.sft:
-            metrics.update(warm_start(model, tok, rows, settings, policy.prompt, device, work))
+            metrics.update(warm_start(model, tok, rows, settings, policy.prompt, device, work, progress))
         completions: list[dict[str, Any]] = []
         if settings.grpo:
-            grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work)
+            grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work, progress)
             metrics.update(grpo_metrics)
         staged = work / "adapter"
         model.save_pretrained(staged)
@@ -274,12 +306,7 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         (staged / "train_config.json").write_text(json.dumps(record, indent=2))
         metrics["seconds"] = time.perf_counter() - start
         write_dataset(out_completions, completions, COMPLETIONS, {"train": json.dumps(record)})
-        lists = ("train/history", "sft/loss_history")
-        atomic_write_text(out_metrics, json.dumps({k: v for k, v in metrics.items() if k not in lists}, indent=2, default=str))
-        if out_history is not None:
-            history = [{"phase": "grpo", **h} for h in metrics.get("train/history", [])]
-            history += [{"phase": "sft", "step": i, "loss": loss} for i, loss in enumerate(metrics.get("sft/loss_history", []))]
-            atomic_write_text(out_history, json.dumps(history, indent=1))
+        write_outputs(metrics, out_metrics, out_details, out_sft_history, out_grpo_history)
         replace_dir(staged, out_adapter)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -291,8 +318,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", required=True, type=Path, help="the stage's instances Parquet")
     parser.add_argument("--out-adapter", required=True, type=Path, help="LoRA adapter folder to write (replaced atomically)")
     parser.add_argument("--out-completions", required=True, type=Path, help="Parquet of every GRPO completion with its reward")
-    parser.add_argument("--out-metrics", required=True, type=Path, help="metrics JSON")
-    parser.add_argument("--out-history", type=Path, default=None, help="per-step records JSON (GRPO reward, warm-start loss)")
+    parser.add_argument("--out-metrics", required=True, type=Path, help="headline metrics JSON (numbers only, dvc metrics)")
+    parser.add_argument("--out-details", type=Path, default=None,
+                        help="details JSON: model, device, per map size, seconds per step")
+    parser.add_argument("--out-sft-history", type=Path, default=None, help="warm-start loss per step JSON (dvc plots)")
+    parser.add_argument("--out-grpo-history", type=Path, default=None,
+                        help="GRPO reward, validity and optimality per step JSON (dvc plots)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
     parser.add_argument("--init-adapter", type=Path, default=None, help="previous stage's adapter to continue from")
 
 
@@ -306,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
         claim_gpu()
         metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, params.train,
-                        params.policy, args.init_adapter, args.out_history)
+                        params.policy, args.init_adapter, args.out_details, args.out_sft_history,
+                        args.out_grpo_history, not args.no_progress)
     except (ParamsError, ValueError, ModelNotFoundError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,13 +15,12 @@ from envgen.config import EnvConfig
 from envgen.dataset import generate_verified, write_instances
 from envgen.generator import GenerationError
 from pipeline.params import ParamsError, add_params_arguments, load_params
+from pipeline.progress import Progress
 
 
 def validation_set(config: EnvConfig, out: Path, progress: bool = True) -> int:
     """Generate, verify and write the validation instances of ``config``; returns their number."""
-    from tqdm import tqdm
-
-    with tqdm(total=config.budget, desc="validation-set", unit="inst", disable=not progress, file=sys.stderr) as bar:
+    with Progress(config.budget, "validation-set", "instances", progress) as bar:
         rows = list(generate_verified(config, on_progress=bar.update))
     return write_instances(out, rows, config)
 
@@ -29,7 +28,7 @@ def validation_set(config: EnvConfig, out: Path, progress: bool = True) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_params_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="validation instances Parquet to write (atomically)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
 
 
 def run(args: argparse.Namespace) -> int:

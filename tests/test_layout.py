@@ -14,7 +14,7 @@ MAY_IMPORT = {
     "steps": {"envgen", "policy", "pipeline", "engineers"},
     "experiments": {"envgen", "policy", "pipeline", "engineers"},
     "flows": {"envgen", "pipeline", "experiments"},
-    "env_engineer": {"envgen", "policy", "pipeline", "engineers", "steps", "experiments"},
+    "env_engineer": {"envgen", "policy", "pipeline", "engineers", "steps", "experiments", "flows"},
 }
 """Per code folder, the project folders it may import (lazily inside a function, too)."""
 

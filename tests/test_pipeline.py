@@ -23,7 +23,8 @@ def test_dvc_repro_runs_the_curriculum(reproduced):
     stages = repo / "data" / "stages"
     for k in (0, 1):
         for name in ("instances.parquet", "train_completions.parquet", "validation.parquet", "summary.json", "summary.md",
-                     "engineer_log.json", "train_metrics.json", "validation_metrics.json", "benchmark_metrics.json", "benchmark.md"):
+                     "engineer_log.json", "train_metrics.json", "train_details.json", "validation_metrics.json",
+                     "benchmark_metrics.json", "benchmark_table.json", "benchmark.md"):
             assert (stages / str(k) / name).exists(), (k, name)
         assert (stages / str(k) / "adapter" / "adapter_config.json").exists()
     assert (stages / "2" / "config.yaml").exists()  # the proposal for a stage after the last one
@@ -32,10 +33,17 @@ def test_dvc_repro_runs_the_curriculum(reproduced):
     log = json.loads((stages / "0" / "engineer_log.json").read_text())
     assert log["engineer"] == "policy" and log["constrained"] and log["config"]["seed"] == 1
     assert "Running stage" not in sh(["dvc", "repro"], repo).stdout  # all up to date
-    metrics = json.loads(sh(["dvc", "metrics", "show", "--json"], repo).stdout)
-    assert "validation" in json.dumps(metrics) and "train/trajectories" in json.dumps(metrics)
-    plots = sh(["dvc", "plots", "show", "--json"], repo).stdout
-    assert "train_history.json" in plots
+    metrics = sh(["dvc", "metrics", "show", "--json"], repo).stdout
+    assert "validation" in metrics and "train/trajectories" in metrics and "bench_table" not in metrics
+    shown = sh(["dvc", "metrics", "show"], repo).stdout.splitlines()
+    assert len(shown[0].split()) < 40, shown[0]  # headline numbers, not whole tables (451 columns before)
+    plots = json.loads(sh(["dvc", "plots", "show", "--json"], repo).stdout)
+    assert not plots.get("errors"), plots.get("errors")
+    for k in (0, 1):
+        for name, y in (("sft_history.json", "loss"), ("grpo_history.json", "reward")):
+            rendered = plots["data"][f"data/stages/{k}/{name}"]
+            points = [p for r in rendered for p in r["content"]["data"]["values"]]
+            assert points and all(isinstance(p[y], float) for p in points), (k, name)
     diff = sh([str(BIN / "env-engineer"), "diff-configs", "data/stages/0/config.yaml", "data/stages/1/config.yaml"], repo).stdout
     assert "seed" in diff
 

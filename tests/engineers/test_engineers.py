@@ -69,6 +69,18 @@ def test_every_registered_engineer_builds_and_proposes_a_valid_next_configuratio
     assert_within_bounds(result.config)
 
 
+@pytest.mark.parametrize("given, recorded", [
+    ("why, in one or two sentences", None), ("Why, in one or two sentences.", None), ("", None), (None, None),
+    ("3x3 is solved; move budget to 5x5.", "3x3 is solved; move budget to 5x5.")])
+def test_a_copied_placeholder_is_never_recorded_as_the_engineers_rationale(given, recorded):
+    from engineers.llm import NO_RATIONALE
+
+    answer = {"sizes": {"3": {"hole_ratio": 0.3}}} | ({} if given is None else {"rationale": given})
+    settings = EngineerSettings(engineer="base", attempts=1)
+    engineer = make_engineer(EngineerBuild(settings, PolicySettings(), adapter=None, backend=Scripted([json.dumps(answer)])))
+    assert engineer.propose(inp()).rationale == (recorded or NO_RATIONALE)
+
+
 def test_the_registries_and_the_settings_name_the_same_engineers_and_contexts():
     from typing import get_args
 

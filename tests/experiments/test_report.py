@@ -32,6 +32,8 @@ def test_report_reads_the_files_dvc_yaml_declares_and_is_self_contained(tmp_path
         write("tables", render_table(table, "Policy"))
         write("validation", json.dumps({"validation": {"valid": 0.5}, "validation_by_size": {"3": {"valid": 0.5}}}))
         write("train", "{}")
+        write("sft_history", json.dumps([{"step": i + 1, "loss": 1.0 / (i + 1)} for i in range(4)]))
+        write("grpo_history", json.dumps([{"step": i, "reward": 0.1 * i, "valid": 0.05 * i} for i in range(3)]))
         write("engineer", json.dumps({"engineer": "heuristic", "context": "bookkeeping", "rationale": "<b>bold</b>",
                                       "notes": ["size 3: clamped"], "fallback": False}))
         write("summary", json.dumps({"stage": k, "validation": {"overall": {"valid": 0.5, "failures": {"hole": 0.3},
@@ -41,7 +43,7 @@ def test_report_reads_the_files_dvc_yaml_declares_and_is_self_contained(tmp_path
     written = build_report(load_run(tmp_path, files), out)
     text = out.read_text()
     assert written[0] == out and len(written) > 4 and all(p.exists() for p in written)
-    for section in ("Benchmark curves", "Configuration evolution", "Failure breakdown", "The engineer's decisions",
+    for section in ("Benchmark curves", "Training curves", "Configuration evolution", "Failure breakdown", "The engineer's decisions",
                     "Sampled failed answers", "Benchmark tables after stage 1"):
         assert section in text
     assert "<script" not in text and "&lt;b&gt;bold&lt;/b&gt;" in text

@@ -1,3 +1,5 @@
+import difflib
+
 import pytest
 import yaml
 
@@ -24,6 +26,25 @@ def test_the_comparison_preset_differs_from_the_cpu_default_only_in_scale():
 
 def test_params_yaml_holds_the_cpu_presets_values():
     assert load_params(ROOT / "params.yaml") == load_params(ROOT / "presets" / "cpu.yaml")
+
+
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/gpu.yaml", "presets/gpu-embedded.yaml"])
+def test_dvc_exp_run_set_rewrites_only_the_value_it_sets(name, tmp_path):
+    """`dvc exp run -S` rewrites the params file through DVC's own YAML writer: the files are laid out so that this
+    rewrite keeps every byte (comments too) but the value set."""
+    from dvc.utils.hydra import apply_overrides as dvc_apply
+
+    original = (ROOT / name).read_text()
+    path = tmp_path / "params.yaml"
+    path.write_text(original)
+    dvc_apply(path, [f"train.seed={yaml.safe_load(original)['train']['seed']}"])  # the value it already has
+    assert path.read_text() == original
+    dvc_apply(path, ["train.lora_r=7", "benchmark.wait_ratios=[0.125]"])
+    diff = [line for line in difflib.unified_diff(original.splitlines(), path.read_text().splitlines(), n=0, lineterm="")
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    removed = sum(line.startswith("-") for line in diff)
+    assert "+  lora_r: 7" in diff and "+  - 0.125" in diff and sum(line.startswith("+") for line in diff) == 2, diff
+    assert removed == 1 + len(yaml.safe_load(original)["benchmark"]["wait_ratios"]), diff
 
 
 def test_one_override_syntax_the_words_of_dvc_exp_run_S():

@@ -41,18 +41,28 @@ def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
 
 def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path):
     out = tmp_path / "stage1"
-    metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", *tiny(tiny_model_dir))
+    metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", *tiny(tiny_model_dir),
+                    out_details=out / "details.json", out_sft_history=out / "sft.json", out_grpo_history=out / "grpo.json")
     assert (out / "adapter" / "adapter_config.json").exists() and (out / "adapter" / "train_config.json").exists()
     rows = pq.read_table(out / "completions.parquet").to_pylist()
     assert len(rows) == metrics["train/trajectories"] == 8 and {r["step"] for r in rows} <= {0, 1}
     assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["sft/examples"] == 8 and saved["sft/loss_first"] > 0 and saved["train/steps"] == 1
-    assert set(saved["train/per_size"]) == {"3"}
+    # the metrics file holds numbers only (what `dvc metrics show` lists); tables and text are in the details
+    assert all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in saved.values()) and len(saved) < 30
+    details = json.loads((out / "details.json").read_text())
+    assert set(details["train/per_size"]) == {"3"} and details["model"] == str(tiny_model_dir)
     # one wall-clock time per optimizer step of each phase (compilation shows in the first ones)
-    assert len(saved["sft/step_seconds"]) == saved["sft/steps"] >= 1 and len(saved["train/step_seconds"]) == 1
-    assert all(t > 0 for t in saved["sft/step_seconds"] + saved["train/step_seconds"])
-    assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "metrics.json"]  # no work dirs left
+    assert len(details["sft/step_seconds"]) == details["sft/steps"] >= 1 and len(details["train/step_seconds"]) == 1
+    assert all(t > 0 for t in details["sft/step_seconds"] + details["train/step_seconds"])
+    # one file per curve, each a list of {step, value} rows (what `dvc plots show` draws)
+    sft = json.loads((out / "sft.json").read_text())
+    grpo = json.loads((out / "grpo.json").read_text())
+    assert [r["step"] for r in sft] == list(range(1, len(sft) + 1)) and all(r["loss"] > 0 for r in sft) and sft
+    assert grpo and all({"step", "reward", "valid"} <= set(r) for r in grpo)
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "details.json", "grpo.json",
+                                                      "metrics.json", "sft.json"]  # no work dirs left
     second = tmp_path / "stage2"
     more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", *tiny(tiny_model_dir, sft=False),
                  init_adapter=out / "adapter")
