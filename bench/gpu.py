@@ -14,6 +14,10 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
   (``inductor``, or ``cudagraphs`` when Triton cannot build); ``static+KERNEL`` pins that decode attention's SDPA
   kernel (``cudnn``, ``efficient``, ``flash``, ``math``; ``policy.attention.set_decode_kernel``).
 
+- ``vllm``: vLLM's offline engine (``LLM.generate`` on token ids, dummy weights of the same shape, CUDA graphs), one
+  engine per architecture built before its first row (``warmup_s`` of the first row holds the engine's start);
+  ``vllm+lora``: the same with a random LoRA adapter (r=64 on every linear layer) applied by vLLM, not merged.
+
 Every variant first runs once at full length (the static one compiles then; ``warmup_s``), then the timed run.
 
 Training (tokens/s of forward + backward + AdamW step on LoRA r=16 over all linear layers, 16 sequences x 512 tokens):
@@ -194,6 +198,95 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
             "compile_backend": backend.compile_backend if variant == "static" else None}
 
 
+class VLLMEngines:
+    """One vLLM engine per architecture (with LoRA enabled when a ``vllm+lora`` row asks for it), started on first use
+    from a folder holding the model's configuration (and a random LoRA adapter), with dummy weights."""
+
+    def __init__(self, max_batch: int, max_len: int, memory: float) -> None:
+        self.max_batch, self.max_len, self.memory = max_batch, max_len, memory
+        self.engines: dict[tuple[str, bool], Any] = {}
+        self.folders: dict[str, Path] = {}
+
+    def folder(self, arch: str, model: Any) -> Path:
+        import tempfile
+
+        if arch not in self.folders:
+            root = Path(tempfile.mkdtemp(prefix=f"vllm-{arch}-"))
+            config = model.config
+            config.architectures = [type(model).__name__]
+            config.save_pretrained(root / "model")
+            from peft import LoraConfig, get_peft_model
+
+            lora = get_peft_model(model, LoraConfig(r=64, lora_alpha=64, target_modules=LORA_TARGETS, lora_dropout=0.0,
+                                                    task_type="CAUSAL_LM"))
+            lora.save_pretrained(root / "adapter")
+            lora.unload()
+            self.folders[arch] = root
+        return self.folders[arch]
+
+    def get(self, arch: str, model: Any, lora: bool) -> Any:
+        key = (arch, lora)
+        if key not in self.engines:
+            self.close()  # one engine at a time on the card
+            from vllm import LLM
+
+            root = self.folder(arch, model)
+            options = {"enable_lora": True, "max_lora_rank": 64, "max_loras": 1} if lora else {}
+            self.engines[key] = LLM(model=str(root / "model"), load_format="dummy", skip_tokenizer_init=True,
+                                    dtype="bfloat16", max_model_len=self.max_len, max_num_seqs=self.max_batch,
+                                    max_num_batched_tokens=max(8192, self.max_len * 8), seed=0,
+                                    gpu_memory_utilization=self.memory, **options)
+        return self.engines[key]
+
+    def close(self) -> None:
+        import gc
+
+        import torch
+
+        for engine in self.engines.values():
+            shutdown = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+            if shutdown is not None and hasattr(shutdown, "shutdown"):
+                shutdown.shutdown()
+        self.engines.clear()
+        gc.collect()
+        torch.cuda.empty_cache()
+
+
+def vllm_variant(engines: VLLMEngines, arch: str, model: Any, variant: str, batch: int, prompt_len: int,
+                 new_tokens: int) -> dict[str, Any]:
+    """Completion tokens/s of vLLM on ``batch`` random prompts of ``prompt_len`` tokens, ``new_tokens`` each."""
+    import random as _random
+
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+
+    lora = variant == "vllm+lora"
+    start = time.perf_counter()
+    engine = engines.get(arch, model, lora)
+    rng = _random.Random(batch)
+    prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(1, model.config.vocab_size) for _ in range(prompt_len)])
+               for _ in range(batch)]
+    params = VSamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=new_tokens, min_tokens=new_tokens,
+                             ignore_eos=True, seed=0, detokenize=False)
+    request = None
+    if lora:
+        from vllm.lora.request import LoRARequest
+
+        request = LoRARequest("random", 1, str(engines.folder(arch, model) / "adapter"))
+
+    def run() -> int:
+        outs = engine.generate(prompts, params, lora_request=request, use_tqdm=False)
+        return sum(len(o.outputs[0].token_ids) for o in outs)
+
+    run()
+    warmup = time.perf_counter() - start
+    start = time.perf_counter()
+    tokens = run()
+    seconds = time.perf_counter() - start
+    return {"part": "rollout", "variant": variant, "batch": batch, "prompt_len": prompt_len, "new_tokens": new_tokens,
+            "seconds": seconds, "warmup_s": warmup, "tokens": tokens, "tok_per_s": tokens / seconds}
+
+
 def train_variant(model: Any, arch: str, device: str, variant: str, batch: int, seq: int, completion: int,
                   steps: int, peak: float | None) -> dict[str, Any]:
     import torch
@@ -308,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rollout", default="plain:1,plain:64,plain:256,dynamic:256,dynamic:512,static:256,static:512",
-                        help="variant:batch pairs, in order (variants: plain, dynamic, static; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash or math)")
+                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash or math)")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
@@ -322,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-steps", type=int, default=3, help="timed steps per training variant (after one warm-up)")
     parser.add_argument("--small-arch-rollout", default="plain:256,static:256,dynamic:1024,static:1024",
                         help="rollout variants for archs other than the first (compiles are costly: keep it short)")
+    parser.add_argument("--vllm-memory", type=float, default=0.6, help="share of the GPU's memory a vLLM engine takes")
     parser.add_argument("--budget-s", type=float, default=480.0, help="skip what remains after this many seconds")
     parser.add_argument("--json", type=Path, default=None, help="write the results here (after every measurement)")
     parser.add_argument("--profile", type=Path, default=None, help="also run each rollout variant once more under the "
@@ -336,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     env["peak_bf16_tflops"] = peak / 1e12 if peak else None
     report: dict[str, Any] = {"env": env, "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}, "results": {}}
     t0 = time.perf_counter()
+    vllm_rows = [int(item.split(":")[1]) for item in parse_list(args.rollout) + parse_list(args.small_arch_rollout)
+                 if item.startswith("vllm")]
+    engines = VLLMEngines(max(vllm_rows, default=1), args.prompt_len + args.new_tokens, args.vllm_memory)
     for index, arch in enumerate(parse_list(args.archs)):
         if arch not in ARCHS:
             parser.error(f"--archs: unknown {arch!r}; choose from {sorted(ARCHS)}")
@@ -350,6 +447,15 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if part == "rollout":
                     variant, batch = item.split(":")
+                    if variant in ("vllm", "vllm+lora"):
+                        release(model, device)
+                        row = vllm_variant(engines, arch, model, variant, int(batch), args.prompt_len, args.new_tokens)
+                        row["arch"] = arch
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                        if args.json is not None:
+                            atomic_write_text(args.json, json.dumps(report, indent=2))
+                        continue
                     variant, _, kernel = variant.partition("+")
                     if variant not in ("plain", "dynamic", "static") or (kernel and (variant != "static" or kernel not in DECODE_KERNELS)):
                         parser.error(f"--rollout: unknown variant {item!r} (plain, dynamic, static, or static+KERNEL "
@@ -381,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json is not None:
                 atomic_write_text(args.json, json.dumps(report, indent=2))
         release(model, device)
+        engines.close()
         del model
     print(table(report))
     return 0

@@ -36,6 +36,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "backend+compile+nockpt": {"grpo_generation": "backend", "torch_compile": True, "gradient_checkpointing": False},
     "backend+nockpt": {"grpo_generation": "backend", "gradient_checkpointing": False},
     "continuous": {"grpo_generation": "trl", "continuous_batching": True},
+    "vllm": {"grpo_generation": "trl", "use_vllm": True},  # TRL's colocated vLLM samples, adapter synced every step
+    "vllm+nockpt": {"grpo_generation": "trl", "use_vllm": True, "gradient_checkpointing": False},
 }
 """Train-step settings compared, by name."""
 
@@ -67,6 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sft-examples", type=int, default=2048)
     parser.add_argument("--trajectories", type=int, default=256)
     parser.add_argument("--micro-batch", type=int, default=32, help="completions per GRPO pass (memory)")
+    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO prompts per step (x 8 completions)")
+    parser.add_argument("--completion", type=int, default=160, help="GRPO completion length in tokens")
+    parser.add_argument("--sft-batch", type=int, default=32, help="warm-start examples per step")
+    parser.add_argument("--sft-micro-batch", type=int, default=None, help="warm-start examples per pass")
+    parser.add_argument("--group-by-length", action="store_true", help="warm-start batches of similar lengths")
+    parser.add_argument("--no-sft", action="store_true", help="GRPO only")
     parser.add_argument("--variants", default="trl,backend", help="in order, comma-separated: 'trl' (TRL's own "
                         "generation, eager: the baseline), 'backend' (train.grpo_generation: backend), 'compile' "
                         "(train.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
@@ -85,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             if variant not in VARIANTS:
                 parser.error(f"--variants: unknown {variant!r}; choose from {sorted(VARIANTS)}")
-            settings = TrainSettings(sft_max_examples=args.sft_examples, sft_batch_size=32, trajectories=args.trajectories,
-                                     num_generations=8, prompts_per_step=4, micro_batch_size=args.micro_batch,
-                                     max_completion_length=160, **VARIANTS[variant])
+            settings = TrainSettings(sft=not args.no_sft, sft_max_examples=args.sft_examples, sft_batch_size=args.sft_batch,
+                                     sft_micro_batch_size=args.sft_micro_batch, sft_group_by_length=args.group_by_length,
+                                     trajectories=args.trajectories, num_generations=8,
+                                     prompts_per_step=args.prompts_per_step, micro_batch_size=args.micro_batch,
+                                     max_completion_length=args.completion, **VARIANTS[variant])
             out = Path(tmp) / f"run-{variant}"
             start = time.perf_counter()
             metrics = train(args.instances, out / "adapter", out / "c.parquet", out / "m.json", settings,
@@ -95,16 +105,21 @@ def main(argv: list[str] | None = None) -> int:
             row = {"arch": args.arch, "variant": variant, "wall_s": time.perf_counter() - start,
                    "sft_s": metrics.get("sft/seconds"), "sft_steps": metrics.get("sft/steps"),
                    "grpo_s": metrics.get("train/seconds"), "grpo_steps": metrics.get("train/steps"),
-                   "sft_step_s": metrics.get("sft/step_seconds"), "grpo_step_s": metrics.get("train/step_seconds")}
+                   "sft_step_s": metrics.get("sft/step_seconds"), "grpo_step_s": metrics.get("train/step_seconds"),
+                   "sft_examples_per_s": (metrics.get("sft/examples") or 0) / (metrics.get("sft/seconds") or float("inf")),
+                   "trajectories_per_s": (metrics.get("train/trajectories") or 0) / (metrics.get("train/seconds") or float("inf")),
+                   "generation": metrics.get("train/generation"), "settings": settings.model_dump(mode="json")}
             rows.append(row)
             print(json.dumps(row), flush=True)
             if args.json is not None:
                 atomic_write_text(args.json, json.dumps(rows, indent=2))
-    print(f"\n{'variant':<24} {'wall s':>8} {'SFT s':>8} {'SFT steps':>10} {'s/step':>7} {'GRPO s':>8} {'GRPO steps':>11} "
-          f"{'s/step':>7}")
+    base = rows[0] if rows else None
+    print(f"\n{'variant':<24} {'wall s':>8} {'SFT s':>8} {'SFT ex/s':>9} {'s/step':>7} {'GRPO s':>8} {'traj/s':>8} "
+          f"{'vs first':>9} {'s/step':>7}")
     for r in rows:
-        print(f"{r['variant']:<24} {r['wall_s']:>8.1f} {r['sft_s'] or 0:>8.1f} {r['sft_steps'] or 0:>10} "
-              f"{steady(r['sft_step_s']):>7.2f} {r['grpo_s'] or 0:>8.1f} {r['grpo_steps'] or 0:>11} "
+        ratio = (r["trajectories_per_s"] / base["trajectories_per_s"]) if base and base["trajectories_per_s"] else float("nan")
+        print(f"{r['variant']:<24} {r['wall_s']:>8.1f} {r['sft_s'] or 0:>8.1f} {r['sft_examples_per_s']:>9.0f} "
+              f"{steady(r['sft_step_s']):>7.2f} {r['grpo_s'] or 0:>8.1f} {r['trajectories_per_s']:>8.1f} {ratio:>8.2f}x "
               f"{steady(r['grpo_step_s']):>7.2f}")
     print("s/step: the median of the later half of the steps (after compilation and warm-up)")
     return 0

@@ -19,11 +19,13 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     from pipeline import checks
     from policy import serve
     from steps import (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
-                       summarize_failures, train, validation_set)
+                       start_instances, summarize_failures, train, validation_set)
 
     step = ("add_arguments", "run")
     return {
         # pipeline steps (dvc.yaml's stages)
+        "start-instances": ("Generate the shared starting policy's demonstrations (params.yaml, section start).",
+                            start_instances, *step),
         "validation-set": ("Generate the held-out validation instances (params.yaml, section validation).", validation_set, *step),
         "build-benchmark": ("Build the held-out benchmark (paper layout) and its reference rows (CBS and reference planners).",
                             build_benchmark, *step),

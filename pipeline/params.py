@@ -107,6 +107,8 @@ class TrainSettings(_Section):
         "accumulates gradients over sft_batch_size / sft_micro_batch_size passes (memory, not maths: on the CPU "
         "preset 2 instead of 8 took the warm start's peak from 8.6 to 3.4 GB, same losses, same time).")
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
+    sft_group_by_length: bool = Field(False, description="Draw each warm-start batch from demonstrations of similar "
+                                      "length (transformers' group_by_length sampler): less padding, same data.")
     grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
@@ -123,6 +125,12 @@ class TrainSettings(_Section):
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
     use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
                                              "uses it on CUDA when vllm is installed.")
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm: share of the GPU's memory the colocated "
+                                   "vLLM may take (the trainer keeps the rest).")
+    init: Literal["fresh", "start"] = Field(
+        "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
+        "train.seed (the base model's behaviour), or 'start', the shared starting policy (data/start/adapter, the start "
+        "section), whose LoRA shape then replaces lora_r, lora_alpha and lora_targets.")
     gradient_checkpointing: bool | Literal["auto"] = Field(
         "auto", description="Recompute activations in the backward pass (less memory, about 1/3 more compute). 'auto': "
         "on for CUDA models of 1B parameters or more, off otherwise (docs/benchmarks.md: 1.61x faster without it for "
@@ -173,6 +181,8 @@ class RolloutSettings(_Section):
         "'dynamic' grows step by step (no compilation; best on CPU); 'auto': static on CUDA, dynamic elsewhere.")
     compile_backend: Literal["inductor", "cudagraphs", "none"] = Field(
         "inductor", description="torch.compile backend of the static decode step.")
+    vllm_gpu_memory: float = Field(0.85, gt=0, le=1, description="vllm backend: share of the GPU's memory vLLM may "
+                                   "take (weights, activations, KV cache); lower it when experiments share a GPU.")
     base_url: str | None = Field(None, description="openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding the key.")
 
@@ -215,6 +225,20 @@ class EngineerSettings(_Section):
         return self
 
 
+class StartSettings(_Section):
+    """The shared starting policy (``start`` section; DVC stages ``start-instances`` and ``starting-policy``): a warm
+    start on solver demonstrations of a mixed distribution, which makes the policy competent before any engineer acts.
+    It is computed once, on a GPU, and kept in the repository (``data/start/adapter``) with DVC's lock: while this section
+    and the instances it draws are unchanged, every preset, experiment and seed reuses it (DVC skips the unchanged
+    stage). Changing this section retrains it: minutes on a GPU, days on a CPU."""
+
+    model: str = Field("embedded", description="The base model the starting policy is for (policy.model's values); "
+                       "train.init: start needs policy.model to be the same.")
+    instances: list[EnvConfig] = Field(min_length=1, description="Environments of the demonstrations, generated one "
+                                       "after another and pooled, content-hash distinct (e.g. two- and three-agent).")
+    train: TrainSettings = Field(description="The warm start's settings (grpo: false; the train section's fields).")
+
+
 class Params(_Section):
     """The whole ``params.yaml``."""
 
@@ -229,6 +253,7 @@ class Params(_Section):
     train: TrainSettings = Field(default_factory=TrainSettings, description=TrainSettings.__doc__)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings, description=RolloutSettings.__doc__)
     engineer: EngineerSettings = Field(default_factory=EngineerSettings, description=EngineerSettings.__doc__)
+    start: StartSettings = Field(description=StartSettings.__doc__)
 
     @model_validator(mode="after")
     def _chain(self) -> Params:
@@ -245,6 +270,9 @@ class Params(_Section):
             for s in stages:
                 if s.next != s.stage + 1:
                     problems.append(f"curriculum.{s.stage}.next = {s.next}: set it to {s.stage + 1}")
+        if self.train.init == "start" and self.start.model != self.policy.model:
+            problems.append(f"train.init is 'start' but the starting policy is for start.model = {self.start.model!r}, "
+                            f"not policy.model = {self.policy.model!r}; set train.init: fresh, or use that model")
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -19,6 +19,7 @@ import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 Conversation = list[dict[str, str]]
@@ -302,12 +303,29 @@ class TransformersBackend:
 
 # ---------------------------------------------------------------------------------------------------------- vllm
 class VLLMBackend:
-    """vLLM offline engine (GPU). Needs ``pip install -e '.[gpu]'`` on a CUDA machine."""
+    """vLLM's offline engine (GPU; ``pip install -e '.[gpu]'``), imported only when chosen.
+
+    A LoRA adapter is applied by vLLM itself (``LoRARequest``: the base weights stay as they are, no merge); its rank
+    is read from the adapter's ``adapter_config.json``. Conversations go through the model's chat template
+    (``LLM.chat``). Constrained JSON (``SamplingParams.json_schema``) uses vLLM's structured outputs.
+
+    Args:
+        model: the ``policy.model`` name ('embedded', a folder, a .gguf file or a cached hub id).
+        adapter: a PEFT LoRA adapter folder, or None.
+        gpu_memory_utilization: share of the GPU's memory vLLM may take (weights, activations and KV cache); lower it
+            when other processes share the GPU.
+        tensor_parallel_size: GPUs one model is split over.
+        max_model_len: longest prompt + answer in tokens (None: the model's own limit).
+        seed: the engine's seed (each request also carries its sampling seed).
+        load_format: 'auto' (the weights) or 'dummy' (random weights of the model's shape: speed measurements only).
+        enforce_eager: no CUDA graphs and no compilation (starts faster, decodes slower).
+    """
 
     name = "vllm"
 
     def __init__(self, model: str = "embedded", adapter: str | None = None, gpu_memory_utilization: float = 0.85,
-                 tensor_parallel_size: int = 1, max_lora_rank: int = 64, **_: Any) -> None:
+                 tensor_parallel_size: int = 1, max_model_len: int | None = 4096, seed: int = 0,
+                 load_format: str = "auto", enforce_eager: bool = False, **_: Any) -> None:
         try:
             import vllm
         except ImportError as e:
@@ -319,34 +337,48 @@ class VLLMBackend:
         self.model_id = model_id(model)
         self.adapter_hash = adapter_hash(adapter)
         self.adapter = adapter
-        self.engine = vllm.LLM(model=str(resolve_model(model)), enable_lora=adapter is not None, max_lora_rank=max_lora_rank,
-                               gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size)
+        rank = lora_rank(adapter) if adapter is not None else None
+        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1} if rank else {}
+        self.engine = vllm.LLM(model=str(resolve_model(model)), dtype="bfloat16", seed=seed,
+                               gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
+                               max_model_len=max_model_len, load_format=load_format, enforce_eager=enforce_eager, **lora)
 
-    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
-        vllm = self._vllm
+    def sampling_params(self, n: int, params: SamplingParams) -> Any:
+        """vLLM's sampling parameters for ``n`` samples under ``params``."""
         structured = {}
         if params.json_schema is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
             structured = {"structured_outputs": StructuredOutputsParams(json=json.loads(params.json_schema))}
-        sp = vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                                 seed=params.seed, stop=list(params.stop), include_stop_str_in_output=True, **structured)
-        lora = None
-        if self.adapter is not None:
-            from vllm.lora.request import LoRARequest
+        return self._vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature,
+                                         top_p=params.top_p, seed=params.seed, stop=list(params.stop) or None,
+                                         include_stop_str_in_output=True, **structured)
 
-            lora = LoRARequest("adapter", 1, str(self.adapter))
+    def lora_request(self) -> Any:
+        if self.adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest("adapter", 1, str(self.adapter))
+
+    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
+                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+        sp = self.sampling_params(n, params)
         t0 = time.perf_counter()
-        results = self.engine.chat(list(conversations), sp, lora_request=lora, use_tqdm=False)
+        results = self.engine.chat([list(c) for c in conversations], sp, lora_request=self.lora_request(), use_tqdm=False)
         latency = time.perf_counter() - t0
-        out = []
-        for r in results:
-            out.append([Generation(o.text, len(r.prompt_token_ids), len(o.token_ids), o.finish_reason or "stop", latency, params.seed,
-                                   bool(structured)) for o in r.outputs])
+        constrained = params.json_schema is not None
+        out = [[Generation(o.text, len(r.prompt_token_ids), len(o.token_ids), o.finish_reason or "stop", latency,
+                           params.seed, constrained) for o in r.outputs] for r in results]
         if on_progress is not None:
             on_progress(len(conversations))
         return out
+
+
+def lora_rank(adapter: str | Path) -> int:
+    """The LoRA rank ``r`` of a PEFT adapter folder (vLLM must be told the largest rank it will serve)."""
+    config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    return int(config.get("r") or 16)
 
 
 # -------------------------------------------------------------------------------------------------------- openai

@@ -37,6 +37,8 @@ def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: 
     options = {"model": policy.model, "adapter": adapter, "batch_size": settings.batch_size, "threads": settings.threads}
     if settings.backend == "transformers":
         options.update(cache=settings.cache, compile_backend=settings.compile_backend)
+    if settings.backend == "vllm":
+        options.update(gpu_memory_utilization=settings.vllm_gpu_memory, seed=settings.seed)
     return options
 
 

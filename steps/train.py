@@ -148,7 +148,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
                      per_device_train_batch_size=micro, gradient_accumulation_steps=config.sft_batch_size // micro,
                      learning_rate=config.sft_learning_rate,
-                     lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True)
+                     lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True,
+                     train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random")
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
                          callbacks=[clock, trainer_progress("train (warm start)", progress)])
@@ -172,7 +173,8 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     per_step = config.prompts_per_step * config.num_generations
     steps = max(1, math.ceil(config.trajectories / per_step))
     use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
-    extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.3} if use_vllm else {}
+    extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
+             "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length} if use_vllm else {}
     if config.continuous_batching and not use_vllm:
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
@@ -201,6 +203,12 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
     return metrics, reward.rows
+
+
+def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:
+    """Tokens of the longest chat-templated prompt of a GRPO dataset (sizes the colocated vLLM's context)."""
+    texts = [tokenizer.apply_chat_template(d["prompt"], add_generation_prompt=True, tokenize=False) for d in data]
+    return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=0)
 
 
 def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
@@ -326,6 +334,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="GRPO reward, validity and optimality per step JSON (dvc plots)")
     parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
     parser.add_argument("--init-adapter", type=Path, default=None, help="previous stage's adapter to continue from")
+    parser.add_argument("--settings", choices=("train", "start"), default="train",
+                        help="whose settings: the curriculum's (the train section, default) or the shared starting "
+                        "policy's (start.train)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -337,8 +348,11 @@ def run(args: argparse.Namespace) -> int:
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
         claim_gpu()
-        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, params.train,
-                        params.policy, args.init_adapter, args.out_details, args.out_sft_history,
+        settings, policy = params.train, params.policy
+        if args.settings == "start":  # the starting policy: its own settings and model
+            settings, policy = params.start.train, params.policy.model_copy(update={"model": params.start.model})
+        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, settings,
+                        policy, args.init_adapter, args.out_details, args.out_sft_history,
                         args.out_grpo_history, not args.no_progress)
     except (ParamsError, ValueError, ModelNotFoundError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)

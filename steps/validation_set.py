@@ -1,7 +1,8 @@
 """Pipeline step ``validation-set``: the held-out validation instances, from params.yaml's ``validation`` section.
 
 Generated once per pipeline (its own seed), verified like every instance (:func:`envgen.dataset.generate_verified`);
-every training stage and the benchmark exclude them, so the policy is validated on boards it never trained on.
+every training stage and the benchmark exclude them, and they exclude the starting policy's demonstrations
+(``--exclude``), so the policy is validated on boards it never trained on.
 """
 
 from __future__ import annotations
@@ -12,22 +13,25 @@ import time
 from pathlib import Path
 
 from envgen.config import EnvConfig
-from envgen.dataset import generate_verified, write_instances
+from envgen.dataset import generate_verified, read_exclusions, write_instances
 from envgen.generator import GenerationError
 from pipeline.params import ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
 
 
-def validation_set(config: EnvConfig, out: Path, progress: bool = True) -> int:
-    """Generate, verify and write the validation instances of ``config``; returns their number."""
+def validation_set(config: EnvConfig, out: Path, progress: bool = True, exclude: frozenset[str] = frozenset()) -> int:
+    """Generate, verify and write the validation instances of ``config``, none of them in ``exclude`` (content
+    hashes); returns their number."""
     with Progress(config.budget, "validation-set", "instances", progress) as bar:
-        rows = list(generate_verified(config, on_progress=bar.update))
+        rows = list(generate_verified(config, exclude=exclude, on_progress=bar.update))
     return write_instances(out, rows, config)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_params_arguments(parser)
     parser.add_argument("--out", required=True, type=Path, help="validation instances Parquet to write (atomically)")
+    parser.add_argument("--exclude", type=Path, action="append", default=[], metavar="PARQUET",
+                        help="instances file whose instances must not be drawn (repeatable), e.g. the starting policy's")
     parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
 
 
@@ -35,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         config = load_params(args.params, args.set).validation
-        count = validation_set(config, args.out, not args.no_progress)
-    except ParamsError as e:
+        count = validation_set(config, args.out, not args.no_progress, read_exclusions(args.exclude))
+    except (ParamsError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except GenerationError as e:

@@ -52,6 +52,11 @@ def tiny_params(model: Path) -> dict:
     params["engineer"].update(max_new_tokens=400, threads=1, attempts=1)
     params["benchmark"].update(per_cell=1, wait_ratios=[0.5], agents={3: [3, 4], 4: [4]})
     params["evaluate"].update(max_new_tokens=16)
+    # the starting policy: a few demonstrations of two and three agents, a warm start of a few steps on the tiny model
+    params["start"].update(model=str(model))
+    params["start"]["instances"][0].update(budget=6, sizes=sizes)
+    params["start"]["instances"][1].update(budget=4, sizes={4: sizes[4]})
+    params["start"]["train"].update(lora_r=4, lora_alpha=8, sft_batch_size=4, sft_micro_batch_size=2, threads=1)
     return params
 
 

@@ -17,7 +17,7 @@ from tests.conftest import BIN, sh
 
 def test_dvc_repro_runs_the_curriculum(reproduced):
     repo, out = reproduced
-    for stage in ("validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "rollout@0", "evaluate@0",
+    for stage in ("start-instances", "starting-policy", "validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "rollout@0", "evaluate@0",
                   "summarize-failures@0", "engineer-config@0", "engineer-config@1"):
         assert f"Running stage '{stage}'" in out
     stages = repo / "data" / "stages"
@@ -46,6 +46,23 @@ def test_dvc_repro_runs_the_curriculum(reproduced):
             assert points and all(isinstance(p[y], float) for p in points), (k, name)
     diff = sh([str(BIN / "env-engineer"), "diff-configs", "data/stages/0/config.yaml", "data/stages/1/config.yaml"], repo).stdout
     assert "seed" in diff
+
+
+def test_the_starting_policy_is_computed_once_and_every_curriculum_starts_from_it(reproduced):
+    """The shared starting policy is a DVC stage whose outputs live in git: a machine whose DVC cache lacks the
+    demonstrations generates them again (the same bytes), and DVC then finds the warm start and everything after it
+    up to date; stage 0 continues from a copy of it."""
+    repo, _ = reproduced
+    start, init = repo / "data" / "start" / "adapter", repo / "data" / "stages" / "init" / "adapter"
+    assert (start / "adapter_model.safetensors").read_bytes() == (init / "adapter_model.safetensors").read_bytes()
+    lock = yaml.safe_load((repo / "dvc.lock").read_text())["stages"]
+    md5 = lock["start-instances"]["outs"][0]["md5"]
+    (repo / ".dvc" / "cache" / "files" / "md5" / md5[:2] / md5[2:]).unlink()  # as on a fresh clone
+    (repo / "data" / "start" / "instances.parquet").unlink()
+    out = sh(["dvc", "repro"], repo).stdout
+    assert "Running stage 'start-instances'" in out
+    assert "Running stage 'starting-policy'" not in out and "Running stage 'train@0'" not in out, out
+    assert yaml.safe_load((repo / "dvc.lock").read_text())["stages"]["start-instances"]["outs"][0]["md5"] == md5
 
 
 def test_params_diff_shows_engineered_changes_across_revisions(reproduced):

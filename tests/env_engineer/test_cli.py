@@ -27,10 +27,10 @@ def test_every_subcommand_has_working_help():
 
 def test_every_pipeline_step_also_runs_as_its_own_module():
     from steps import (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
-                       summarize_failures, train, validation_set)
+                       start_instances, summarize_failures, train, validation_set)
 
     for module in (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
-                   summarize_failures, train, validation_set):
+                   start_instances, summarize_failures, train, validation_set):
         name = module.__name__.rsplit(".", 1)[1].replace("_", "-")
         assert commands()[name][1] is module
         with pytest.raises(SystemExit) as stop:
