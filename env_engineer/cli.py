@@ -14,7 +14,7 @@ from types import ModuleType
 def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     """``name -> (help, module, arguments function, run function)`` for every subcommand."""
     from envgen import commands as testbed
-    from experiments import compare, report
+    from experiments import compare, report, sensitivity
     from flows import ready
     from pipeline import checks
     from policy import serve
@@ -46,6 +46,8 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
         # experiments
         "compare": ("Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
                     compare, *step),
+        "sensitivity": ("How much one stage's environment can matter: one stage per hand-set configuration and seed from "
+                        "one starting adapter, scored on the same held-out instances.", sensitivity, *step),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
         "prefect-ready": ("Wait until a Prefect server answers (for scripts that start one in the background).", ready, *step),
         # the testbed

@@ -160,6 +160,10 @@ class TrainSettings(_Section):
         if micro is not None and self.sft_batch_size % micro:
             raise ValueError(f"train.sft_micro_batch_size = {micro} does not divide train.sft_batch_size = "
                              f"{self.sft_batch_size}; set it to a divisor of sft_batch_size (e.g. 1, 2 or 4) or null")
+        if self.use_vllm is True and self.grpo_generation == "backend":
+            raise ValueError("train.use_vllm = true samples GRPO's completions with vLLM, but train.grpo_generation = "
+                             "'backend' asks for the project's sampler; set grpo_generation to 'auto' or 'trl', or "
+                             "use_vllm to 'auto' or false")
         return self
 
 

@@ -172,7 +172,9 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
              "needs_wait": r["needs_wait"]} for r in rows]
     per_step = config.prompts_per_step * config.num_generations
     steps = max(1, math.ceil(config.trajectories / per_step))
-    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and device == "cuda" and _has("vllm"))
+    # 'auto' never pairs vLLM with the project's backend sampler: TRL would expect vLLM's sampling log-probabilities
+    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and config.grpo_generation != "backend"
+                                           and device == "cuda" and _has("vllm"))
     extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
              "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length} if use_vllm else {}
     if config.continuous_batching and not use_vllm:

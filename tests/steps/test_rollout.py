@@ -55,7 +55,7 @@ def test_rollout_command_reads_params_and_overrides(tiny_model_dir, instances_fi
     assert "wrote 2 trajectories" in printed and "time: model loading" in printed
     assert json.loads((tmp_path / "m.json").read_text())["validation"]["n"] == 2
     assert max(pq.read_table(out).column("completion_tokens").to_pylist()) <= 6
-    assert main(base + ["--set", "policy.model=no-org/no-model"]) == 2
+    assert main(base + ["--set", "policy.model=no-org/no-model", "--set", "start.model=no-org/no-model"]) == 2
     assert "never downloaded" in capsys.readouterr().err
     assert main(base + ["--set", "rollout.backend=openai"]) == 2
     assert "rollout.base_url" in capsys.readouterr().err
