@@ -131,7 +131,7 @@ def summarise(runs: dict[str, Path], origin: dict[str, str], reference: str, sta
             out["vs_reference"][name] = {k: paired_difference(column(name, k), column(partner, k))
                                          for k in ("valid", "optimal")}
     means = {c: sum(out["runs"][r]["all"]["valid"] for r in rs) / len(rs) for c, rs in configs.items()}
-    if means:
+    if len(means) >= 2:
         best, worst = max(means, key=means.get), min(means, key=means.get)
         out["spread"] = {"best": best, "worst": worst, "valid": means[best] - means[worst], "config_means": means}
     noise = []
