@@ -4,15 +4,22 @@ Rules (the same as :mod:`envgen.simulate`): 4-connected moves or wait; no two ag
 conflict) and no two agents swapping cells in one step (edge conflict); following and rotation cycles are allowed; an
 agent's cost is the time of its last arrival at its goal, where it then stays.
 
-The high level is best-first over constraint-tree nodes ordered by (sum of costs, number of conflicts): optimal for
-the sum of costs. The low level is a space-time A* whose heuristic is the exact obstacle-aware distance to the goal, with
-ties broken toward fewer conflicts with the other agents' paths (a conflict-avoidance table); once the time step passes
-every constraint of the agent, the rest of the path is the shortest path (exact, no search).
+The search (:mod:`envgen.cbs_search`) is CBS with the improvements of the literature, as in CBSH2-RTC (Li et al.
+2021), each switchable through :class:`CBSOptions`: conflicts classified by MDDs and split cardinal first (ICBS),
+bypass, the WDG heuristic (pairwise dependencies solved and memoised, then a weighted vertex cover), target reasoning
+and rectangle reasoning restricted to rectangles it can prove (:mod:`envgen.cbs_rectangle`), incremental conflict
+detection and a conflict-avoidance table kept across nodes. The low level (:mod:`envgen.cbs_lowlevel`) is a space-time
+A* on the exact obstacle-aware distance, ties broken toward fewer conflicts. Every option keeps the sum of costs
+optimal.
 
-Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds. Where the joint state space is small
-(``max_joint_work``: 2 agents on grids up to 10x10 by default), CBS hands a hard instance over to an exact joint A*
-(:func:`solve_joint`) after a few nodes: it finds the optimum or proves that no plan exists (CBS alone can never
-prove that, and blows up on corridor swaps). A result is typed: :class:`Solved` or
+Agents in different connected components never meet, so each component's agents are solved as an independent group.
+CBS cannot prove that no plan exists, so where the joint state space is small (``SolverBudget.max_joint_work``: two
+agents on boards up to 10x10 by default) an exact joint A* (:func:`solve_joint`) takes over a group that CBS has not
+solved after a few nodes: it finds the optimum or proves that there is none. In larger groups, when CBS has not
+finished after ``PAIR_PROOF_AFTER`` nodes, every pair of agents small enough for the joint search is checked: if two
+agents alone cannot both reach their goals, neither can the group.
+
+Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds. A result is typed: :class:`Solved` or
 :class:`Unsolved` with its :class:`UnsolvedReason`. A plan is never returned unless it is optimal.
 """
 
@@ -22,15 +29,23 @@ import heapq
 import time
 from dataclasses import dataclass
 from enum import Enum
-from itertools import product
+from itertools import combinations, product
 from typing import NamedTuple
 
+from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path
+from envgen.cbs_search import CBS, CBSOptions, Found
 from envgen.grid import UNREACHABLE, Grid, grid_of
 from envgen.instance import Cell, Instance
 
+__all__ = ["CBSOptions", "JOINT_HANDOVER", "PAIR_PROOF_AFTER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
+           "UnsolvedReason", "solve", "solve_joint"]
 
 JOINT_HANDOVER = 8
 """CBS nodes expanded before the joint search takes over, where it applies (see ``SolverBudget.max_joint_work``)."""
+
+PAIR_PROOF_AFTER = 64
+"""CBS nodes expanded in a group of agents before every pair small enough for the joint search is checked for a
+proof that no plan exists."""
 
 
 @dataclass(frozen=True)
@@ -121,35 +136,6 @@ class Unsolved:
 SolveResult = Solved | Unsolved
 
 
-class Conflict(NamedTuple):
-    """The earliest conflict between two agents' paths (cells as grid indices): a vertex conflict (``edge`` false: both
-    in cell ``u`` at time ``t``) or an edge conflict (agent ``a`` moves ``u -> v`` while agent ``b`` moves ``v -> u``,
-    both arriving at ``t``)."""
-
-    edge: bool
-    a: int
-    b: int
-    u: int
-    v: int
-    t: int
-
-
-class HighLevelNode(NamedTuple):
-    """A node of the constraint tree. Compared as a heap entry by ``soc``, then ``conflicts`` (fewer first), then
-    ``order`` (unique: creation order), so the other fields are never compared.
-
-    ``vertex_constraints[a]`` holds ``t * ncell + cell`` (agent ``a`` may not be in ``cell`` at ``t``);
-    ``edge_constraints[a]`` holds ``(t * ncell + from) * ncell + to`` (nor move ``from -> to`` arriving at ``t``)."""
-
-    soc: int
-    conflicts: int
-    order: int
-    paths: list[list[int]]
-    vertex_constraints: list[frozenset[int]]
-    edge_constraints: list[frozenset[int]]
-    conflict: Conflict | None
-
-
 class GroupPlan(NamedTuple):
     """The optimal paths of one independent group of agents, the search nodes spent, and the method that found them."""
 
@@ -158,22 +144,9 @@ class GroupPlan(NamedTuple):
     method: str
 
 
-class Found(NamedTuple):
-    """CBS found conflict-free optimal paths after expanding ``nodes`` nodes."""
-
-    paths: list[list[int]]
-    nodes: int
-
-
-class NotFound(NamedTuple):
-    """CBS stopped without a plan: ``reason`` (a budget ran out, or the tree was exhausted) after ``nodes`` nodes."""
-
-    reason: UnsolvedReason
-    nodes: int
-
-
-def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult:
-    """Solve ``instance`` optimally for the sum of costs within ``budget``.
+def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOptions | None = None) -> SolveResult:
+    """Solve ``instance`` optimally for the sum of costs within ``budget``, with the search ``options`` (default: every
+    improvement on).
 
     Agents in different connected components of the grid never meet, so each component's agents are solved as an
     independent group (costs add up); the node budget applies per group, the time budget to the whole solve.
@@ -185,6 +158,7 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
     (7, 4, (2, 2), True)
     """
     budget = budget or SolverBudget()
+    options = options or CBSOptions()
     grid = grid_of(instance.rows)
     n = instance.num_agents
     starts = [grid.index(c) for c in instance.starts]
@@ -210,7 +184,7 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
     methods = set()
     for agents in groups.values():
         got = _solve_group(instance, grid, agents, [starts[a] for a in agents], [goals[a] for a in agents],
-                           [hs[a] for a in agents], budget, deadline)
+                           [hs[a] for a in agents], budget, options, deadline)
         if isinstance(got, Unsolved):
             who = ", ".join(str(a + 1) for a in agents)
             return Unsolved(got.reason, f"agents {who}: {got.detail}" if len(groups) > 1 else got.detail, nodes + got.nodes, shortest)
@@ -223,205 +197,63 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
     return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
 
 
+def _joint_work(free_cells: int, k: int) -> int:
+    """The estimated work of the joint search for ``k`` agents (see ``SolverBudget.max_joint_work``)."""
+    return (10 * free_cells) ** k if k > 1 else 0
+
+
 def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list[int], goals: list[int],
-                 hs: list[list[int]], budget: SolverBudget, deadline: float) -> GroupPlan | Unsolved:
+                 hs: list[list[int]], budget: SolverBudget, options: CBSOptions, deadline: float) -> GroupPlan | Unsolved:
     """One independent group of agents."""
     k = len(agents)
-    work = (10 * (len(hs[0]) - hs[0].count(UNREACHABLE))) ** k if k > 1 else 0
+    if k == 1:
+        return GroupPlan([find_path(grid, hs[0], starts[0], goals[0], NO_CONSTRAINTS, None)], 1, "cbs")
+    free_cells = len(hs[0]) - hs[0].count(UNREACHABLE)
+    work = _joint_work(free_cells, k)
     use_joint = 0 < work <= budget.max_joint_work
-    cap = min(budget.max_nodes, JOINT_HANDOVER) if use_joint else budget.max_nodes
-    searched = _cbs(grid, starts, goals, hs, cap, deadline)
-    if isinstance(searched, Found):
-        return GroupPlan(searched.paths, searched.nodes, "cbs")
-    reason, nodes = searched.reason, searched.nodes
-    if reason is UnsolvedReason.UNSOLVABLE:
-        return Unsolved(reason, "CBS exhausted its constraint tree: no conflict-free plan exists", nodes, ())
-    if use_joint and reason is UnsolvedReason.NODE_BUDGET:
+    search = CBS(grid, starts, goals, hs, options, budget.max_nodes, deadline)
+    got = search.start()
+    if got is None:
+        if use_joint:
+            got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
+        else:
+            got = search.resume(min(budget.max_nodes, PAIR_PROOF_AFTER))
+            if not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > PAIR_PROOF_AFTER:
+                proof = _unsolvable_pair(instance, agents, free_cells, budget)
+                if proof is not None:
+                    return Unsolved(UnsolvedReason.UNSOLVABLE, proof, search.expanded, ())
+                got = search.resume(budget.max_nodes)
+    if isinstance(got, Found):
+        return GroupPlan(got.paths, got.nodes, "cbs")
+    nodes = got.nodes
+    if got.why == "exhausted":
+        return Unsolved(UnsolvedReason.UNSOLVABLE, "CBS exhausted its constraint tree: no conflict-free plan exists", nodes, ())
+    if use_joint and got.why == "nodes" and nodes < budget.max_nodes:
         sub = Instance(instance.rows, tuple(instance.starts[a] for a in agents), tuple(instance.goals[a] for a in agents))
         joint = solve_joint(sub, max_states=work)
         if isinstance(joint, Unsolved):
             return Unsolved(joint.reason, joint.detail, nodes + joint.nodes, ())
         return GroupPlan([[grid.index(c) for c in p] for p in joint.paths], nodes + joint.nodes, "joint")
-    what = f"{cap} nodes" if reason is UnsolvedReason.NODE_BUDGET else f"{budget.max_seconds} s"
-    return Unsolved(reason, f"CBS found no plan within {what}; the instance may be unsolvable or hard", nodes, ())
+    if got.why == "nodes":
+        return Unsolved(UnsolvedReason.NODE_BUDGET, f"CBS found no plan within {budget.max_nodes} nodes; the instance "
+                        "may be unsolvable or hard", nodes, ())
+    return Unsolved(UnsolvedReason.TIME_BUDGET, f"CBS found no plan within {budget.max_seconds} s; the instance may "
+                    "be unsolvable or hard", nodes, ())
 
 
-# ---------------------------------------------------------------------------------------------------- high level
-def _cbs(grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], max_nodes: int,
-         deadline: float) -> Found | NotFound:
-    """Best-first search of the constraint tree."""
-    n = len(starts)
-    ncell = len(grid.free)
-    options = grid.options
-    empty: frozenset[int] = frozenset()
-    vcons = [empty] * n
-    econs = [empty] * n
-    paths: list[list[int]] = []
-    for a in range(n):
-        path = _astar(options, hs[a], starts[a], goals[a], empty, empty, -1, -1, paths, ncell)
-        assert path is not None  # unconstrained and reachable: A* always finds a path
-        paths.append(path)
-    conflict, count = _first_conflict(paths)
-    if conflict is None:
-        return Found(paths, 1)
-    counter = 0
-    open_list = [HighLevelNode(sum(len(p) - 1 for p in paths), count, counter, paths, vcons, econs, conflict)]
-    expanded = 0
-    while open_list:
-        if expanded >= max_nodes:
-            return NotFound(UnsolvedReason.NODE_BUDGET, expanded)
-        if time.perf_counter() > deadline:
-            return NotFound(UnsolvedReason.TIME_BUDGET, expanded)
-        soc, _, _, paths, vcons, econs, conflict = heapq.heappop(open_list)
-        expanded += 1
-        if conflict is None:
-            return Found(paths, expanded)
-        edge, a, b, u, v, t = conflict
-        # Vertex conflict at cell u: each agent in turn is forbidden from u at time t.
-        # Edge conflict: agent a is forbidden to move u->v at t, agent b to move v->u at t.
-        for agent, key, is_edge in (
-            ((a, (t * ncell + u) * ncell + v, True), (b, (t * ncell + v) * ncell + u, True)) if edge
-            else ((a, t * ncell + u, False), (b, t * ncell + u, False))
-        ):
-            cv, ce = vcons[agent], econs[agent]
-            if is_edge:
-                ce = ce | {key}
-            else:
-                cv = cv | {key}
-            goal = goals[agent]
-            goal_block = max((k // ncell for k in cv if k % ncell == goal), default=-1)
-            last = max(max((k // ncell for k in cv), default=-1), max((k // (ncell * ncell) for k in ce), default=-1))
-            others = [p for i, p in enumerate(paths) if i != agent]
-            path = _astar(options, hs[agent], starts[agent], goal, cv, ce, goal_block, last, others, ncell)
-            if path is None:
-                continue
-            child = list(paths)
-            child[agent] = path
-            nv, ne = list(vcons), list(econs)
-            nv[agent], ne[agent] = cv, ce
-            conflict2, count2 = _first_conflict(child)
-            counter += 1
-            heapq.heappush(open_list, HighLevelNode(soc - len(paths[agent]) + len(path), count2, counter, child, nv, ne,
-                                                    conflict2))
-    return NotFound(UnsolvedReason.UNSOLVABLE, expanded)  # constraint tree exhausted: CBS is complete, so no plan exists
-
-
-def _first_conflict(paths: list[list[int]]) -> tuple[Conflict | None, int]:
-    """The earliest :class:`Conflict` and the number of conflicting time steps, or ``(None, 0)``."""
-    n = len(paths)
-    if n == 2:
-        return _first_conflict_pair(paths[0], paths[1])
-    last = [len(p) - 1 for p in paths]
-    horizon = max(last)
-    first = None
-    count = 0
-    prev: list[int] = []
-    for t in range(horizon + 1):
-        cur = [p[t] if t <= lp else p[lp] for p, lp in zip(paths, last)]
-        if len(set(cur)) < n:
-            seen: dict[int, int] = {}
-            for a, c in enumerate(cur):
-                if c in seen:
-                    count += 1
-                    if first is None:
-                        first = Conflict(False, seen[c], a, c, -1, t)
-                else:
-                    seen[c] = a
-        if t:
-            where = {c: a for a, c in enumerate(prev)}
-            for a in range(n):
-                if cur[a] != prev[a]:
-                    b = where.get(cur[a])
-                    if b is not None and b > a and cur[b] == prev[a]:
-                        count += 1
-                        if first is None:
-                            first = Conflict(True, a, b, prev[a], cur[a], t)
-        prev = cur
-    return first, count
-
-
-def _first_conflict_pair(p: list[int], q: list[int]) -> tuple[Conflict | None, int]:
-    """:func:`_first_conflict` for two agents (the training boards' case), without per-step containers."""
-    lp, lq = len(p) - 1, len(q) - 1
-    if lp < lq:
-        p = p + [p[lp]] * (lq - lp)
-    elif lq < lp:
-        q = q + [q[lq]] * (lp - lq)
-    first = None
-    count = 0
-    a0, b0 = p[0], q[0]
-    for t in range(1, len(p)):
-        a, b = p[t], q[t]
-        if a == b:
-            count += 1
-            if first is None:
-                first = Conflict(False, 0, 1, a, -1, t)
-        elif a == b0 and b == a0:
-            count += 1
-            if first is None:
-                first = Conflict(True, 0, 1, a0, a, t)
-        a0, b0 = a, b
-    return first, count
-
-
-# ----------------------------------------------------------------------------------------------------- low level
-def _astar(options, h, start, goal, vcons, econs, goal_block, last_constraint, others, ncell) -> list[int] | None:
-    """Space-time A* for one agent: cell indices from t=0 to arrival, or None when its constraints trap it (the
-    caller then drops that child of the constraint tree).
-
-    ``vcons`` holds ``t * ncell + cell``; ``econs`` holds ``(t * ncell + from) * ncell + to`` (arrival time ``t``).
-    The agent may finish only after ``goal_block`` (its last vertex constraint on its goal). Ties between equal
-    ``f`` go to fewer conflicts with ``others`` (paths of the other agents, who stay at their goals afterwards).
-    ``options[u]`` is ``(u, *neighbours of u)``: wait first, then the moves.
-    """
-    cat: dict[int, int] = {}
-    parked: dict[int, int] = {}
-    horizon = -1
-    for p in others:
-        lp = len(p) - 1
-        horizon = max(horizon, lp)
-        for t, c in enumerate(p):
-            k = t * ncell + c
-            cat[k] = cat.get(k, 0) + 1
-        parked[p[lp]] = lp
-    shortcut = max(last_constraint, horizon)
-    cells = [start]
-    parents = [-1]
-    seen = {start}
-    heap = [(h[start], 0, 0, 0)]
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        _, conf, negt, idx = pop(heap)
-        u = cells[idx]
-        t = -negt
-        if t >= shortcut or (u == goal and t > goal_block):
-            path = []
-            while idx >= 0:
-                path.append(cells[idx])
-                idx = parents[idx]
-            path.reverse()
-            # Past every constraint: finish along a shortest path (exact, as h is the true distance).
-            while u != goal:
-                du = h[u] - 1
-                u = next(v for v in options[u] if h[v] == du)
-                path.append(u)
-            return path
-        nt = t + 1
-        base = nt * ncell
-        for v in options[u]:
-            key = base + v
-            if key in seen or key in vcons:
-                continue
-            if v != u and econs and (base + u) * ncell + v in econs:
-                continue
-            seen.add(key)
-            c = conf + cat.get(key, 0)
-            if v in parked and parked[v] <= nt:
-                c += 1
-            cells.append(v)
-            parents.append(idx)
-            push(heap, (nt + h[v], c, -nt, len(cells) - 1))
+def _unsolvable_pair(instance: Instance, agents: list[int], free_cells: int, budget: SolverBudget) -> str | None:
+    """A proof that the group has no plan: two of its agents that cannot both reach their goals even alone (by the
+    exhaustive joint search, where it is small enough); None when every pair checked has a plan."""
+    work = _joint_work(free_cells, 2)
+    if not 0 < work <= budget.max_joint_work:
+        return None
+    for a, b in combinations(agents, 2):
+        pair = Instance(instance.rows, (instance.starts[a], instance.starts[b]), (instance.goals[a], instance.goals[b]))
+        joint = solve_joint(pair, max_states=work)
+        if isinstance(joint, Unsolved) and joint.reason is UnsolvedReason.UNSOLVABLE:
+            return f"agents {a + 1} and {b + 1} alone cannot both reach their goals (exhaustive joint search)"
     return None
+
 
 
 # ------------------------------------------------------------------------------------------- exhaustive fallback

@@ -1,0 +1,131 @@
+"""Admissible high-level heuristics for CBS (Felner et al. 2018; Li et al. 2019, "Improved Heuristics for Multi-Agent
+Path Finding with Conflict-Based Search").
+
+Every conflicting pair of agents gets a weight: a lower bound on how much their two costs must rise together. The
+minimum weighted vertex cover of that graph (a value per agent such that each pair's two values add up to at least its
+weight) then bounds the rise of the sum of costs, so ``g + h`` never overestimates.
+
+- **CG** (cardinal conflict graph): weight 1 for a pair with a cardinal conflict.
+- **WDG** (weighted dependency graph): the pair's exact extra cost, by solving the two agents alone under their
+  constraints (memoised on those constraints, see :mod:`envgen.cbs_search`), after a cheap test of the pair's MDDs:
+  if some pair of optimal paths is conflict-free the weight is 0.
+"""
+
+from __future__ import annotations
+
+from envgen.cbs_lowlevel import MDD
+from envgen.grid import Grid
+
+EXACT_COMPONENT = 8
+"""Components of the conflict graph up to this many agents get an exact vertex cover; larger ones a greedy matching
+(also a lower bound)."""
+
+SYNC_LIMIT = 20_000
+"""Joint MDD moves examined by :func:`compatible` before it gives up."""
+
+
+def vertex_cover(weights: dict[tuple[int, int], int]) -> int:
+    """The minimum weighted vertex cover of a graph given by its edge weights (edges of weight 0 are ignored)."""
+    adj: dict[int, dict[int, int]] = {}
+    for (a, b), w in weights.items():
+        if w > 0:
+            adj.setdefault(a, {})[b] = w
+            adj.setdefault(b, {})[a] = w
+    total = 0
+    seen: set[int] = set()
+    for root in adj:
+        if root in seen:
+            continue
+        comp = [root]
+        seen.add(root)
+        i = 0
+        while i < len(comp):
+            for v in adj[comp[i]]:
+                if v not in seen:
+                    seen.add(v)
+                    comp.append(v)
+            i += 1
+        if len(comp) == 2:
+            total += adj[comp[0]][comp[1]]
+        elif len(comp) <= EXACT_COMPONENT:
+            total += _exact_cover(comp, adj)
+        else:
+            total += _greedy_matching(comp, adj)
+    return total
+
+
+def _exact_cover(comp: list[int], adj: dict[int, dict[int, int]]) -> int:
+    """Branch and bound over each agent's value 0..its largest edge weight, in order (Li et al. 2019's DP)."""
+    index = {v: i for i, v in enumerate(comp)}
+    n = len(comp)
+    rng = [max(adj[v].values()) for v in comp]
+    earlier = [[(index[u], w) for u, w in adj[v].items() if index[u] < i] for i, v in enumerate(comp)]
+    x = [0] * n
+    best = [sum(rng)]
+
+    def go(i: int, total: int) -> None:
+        if total >= best[0]:
+            return
+        if i == n:
+            best[0] = total
+            return
+        need = 0
+        for j, w in earlier[i]:
+            if w - x[j] > need:
+                need = w - x[j]
+        for value in range(need, rng[i] + 1):
+            x[i] = value
+            go(i + 1, total + value)
+        x[i] = 0
+
+    go(0, 0)
+    return best[0]
+
+
+def _greedy_matching(comp: list[int], adj: dict[int, dict[int, int]]) -> int:
+    """The weight of a greedy matching (heaviest edges first): disjoint edges need disjoint cover, so a lower bound."""
+    edges = sorted(((w, a, b) for a in comp for b, w in adj[a].items() if a < b), reverse=True)
+    used: set[int] = set()
+    total = 0
+    for w, a, b in edges:
+        if a not in used and b not in used:
+            used.add(a)
+            used.add(b)
+            total += w
+    return total
+
+
+def compatible(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int] = frozenset(),
+               edges_b: frozenset[int] = frozenset()) -> bool | None:
+    """Whether some pair of paths, one from each MDD, is conflict-free (None: undecided within :data:`SYNC_LIMIT`).
+
+    A breadth-first sweep over joint MDD states level by level (the MDDs merged, Felner et al. 2018); the agent with
+    the shorter MDD then stays on its goal. ``edges_*`` are the agents' edge constraints (an MDD's levels alone allow
+    every move between adjacent cells).
+    """
+    options = grid.options
+    la, lb = mdd_a.levels, mdd_b.levels
+    end = max(len(la), len(lb))
+    frontier = {(next(iter(la[0])), next(iter(lb[0])))}
+    work = 0
+    for t in range(1, end):
+        nxt: set[tuple[int, int]] = set()
+        level_a = la[t] if t < len(la) else None
+        level_b = lb[t] if t < len(lb) else None
+        base = t * ncell
+        for u, w in frontier:
+            moves_a = [v for v in options[u] if v in level_a and not (
+                edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
+            moves_b = [v for v in options[w] if v in level_b and not (
+                edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
+            for v in moves_a:
+                for y in moves_b:
+                    if v != y and not (v == w and y == u):
+                        nxt.add((v, y))
+            work += len(moves_a) * len(moves_b)
+        if not nxt:
+            return False
+        if work > SYNC_LIMIT:
+            return None
+        frontier = nxt
+    return True

@@ -1,0 +1,196 @@
+"""Rectangle reasoning (Li et al. 2019, "Symmetry-Breaking Constraints for Grid-Based Multi-Agent Path Finding"),
+restricted to rectangles whose barrier split is proved sound.
+
+Two agents cross an obstacle-light region moving monotonically in the same quadrant (rows one way, columns one way);
+every shortest way through has a conflict, and plain CBS enumerates them one vertex at a time. A rectangle conflict
+resolves them in one split: agent ``A`` may not stand on the rectangle's far side across its way (its *barrier*) at
+the times it would reach it, or agent ``B`` may not stand on its own barrier.
+
+Let ``tau(u) = tau0 + x + y`` for a cell ``u`` at ``(x, y)`` steps from the rectangle's first corner in the direction
+of travel (both agents are at the conflict cell at ``tau``). The split is **sound** (every conflict-free plan obeys
+one of the two children) when, for each agent, with ``LB(u)`` its shortest distance from its start:
+
+1. ``LB(u) >= tau(u)`` for every cell of the rectangle: it is never inside earlier than ``tau``;
+2. every neighbour ``z`` outside the rectangle of a border cell ``u``, except across its own entry side, has
+   ``LB(z) >= tau(u)``: it cannot step into ``u`` from there at ``tau(u)``.
+
+Then an agent on its barrier at ``tau`` got there by a monotone staircase, each cell at its ``tau``, from its entry
+side (``A`` from the west side to the east side, ``B`` from the north side to the south side, in the rectangle's own
+orientation); two such staircases share a cell, at the same time: a vertex conflict. This holds for any paths, of any
+cost, under the project's rules (agents stay on their goals; only vertex meetings are used), so no optimal plan is
+lost. The classic case (both agents on shortest paths from their starts, Li et al.'s "R") satisfies both conditions;
+an agent that has been delayed does not, and its conflicts are left to the other splits.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from envgen.cbs_conflicts import Conflict, Kind, Priority
+from envgen.cbs_lowlevel import MDD
+
+if TYPE_CHECKING:
+    from envgen.cbs_search import CBS, Node
+
+
+def rectangle_conflict(search: CBS, node: Node, conflict: Conflict, mdd_a: MDD,
+                       mdd_b: MDD) -> tuple[Conflict, tuple[int, int, int]] | None:
+    """The rectangle conflict behind a vertex ``conflict`` and its rank, or None when there is no provable one."""
+    grid = search.grid
+    width = grid.width
+    t = conflict.t
+    p1, p2 = node.paths[conflict.a], node.paths[conflict.b]
+    if t >= len(p1) - 1 or t >= len(p2) - 1:
+        return None
+    seg1, seg2 = _segment(p1, t, width), _segment(p2, t, width)
+    if seg1 is None or seg2 is None:
+        return None
+    dr = seg1[2] or seg2[2]
+    dc = seg1[3] or seg2[3]
+    if (seg1[2] and seg2[2] and seg1[2] != seg2[2]) or (seg1[3] and seg2[3] and seg1[3] != seg2[3]):
+        return None
+    dr, dc = dr or 1, dc or 1
+
+    def prog(cell: int) -> tuple[int, int]:
+        r, c = divmod(cell, width)
+        return dr * r, dc * c
+
+    s1, g1 = prog(p1[seg1[0]]), prog(p1[seg1[1]])
+    s2, g2 = prog(p2[seg2[0]]), prog(p2[seg2[1]])
+    rs = (max(s1[0], s2[0]), max(s1[1], s2[1]))
+    rg = (min(g1[0], g2[0]), min(g1[1], g2[1]))
+    size_x, size_y = rg[0] - rs[0], rg[1] - rs[1]
+    if size_x < 0 or size_y < 0 or size_x + size_y == 0:
+        return None
+    cx, cy = prog(conflict.u)
+    tau0 = t - (cx - rs[0]) - (cy - rs[1])
+    if tau0 < 0:
+        return None
+    rect = _Rectangle(grid.height, width, dr, dc, rs, size_x, size_y, tau0)
+    for west, north in ((conflict.a, conflict.b), (conflict.b, conflict.a)):
+        if not (rect.provable(grid.distances_from(search.starts[west]), entry="west")
+                and rect.provable(grid.distances_from(search.starts[north]), entry="north")):
+            continue
+        ncell = search.ncell
+        free = grid.free
+        bar_w = tuple(k for k in rect.side("east", ncell) if free[k % ncell])
+        bar_n = tuple(k for k in rect.side("south", ncell) if free[k % ncell])
+        if not (_violates(node.paths[west], bar_w, ncell) and _violates(node.paths[north], bar_n, ncell)):
+            continue
+        mdd_w, mdd_n = (mdd_a, mdd_b) if west == conflict.a else (mdd_b, mdd_a)
+        one = _blocks(grid, mdd_w, bar_w, ncell, node.cons[west].edge)
+        two = _blocks(grid, mdd_n, bar_n, ncell, node.cons[north].edge)
+        priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
+        rect_conflict = Conflict(Kind.RECTANGLE, west, north, t, conflict.u, -1, (bar_w, bar_n))
+        return rect_conflict, (priority, Kind.RECTANGLE, t)
+    return None
+
+
+def _segment(path: list[int], t: int, width: int) -> tuple[int, int, int, int] | None:
+    """The longest stretch of ``path`` around ``t`` that moves every step, never reversing a direction:
+    ``(first time, last time, row direction, column direction)`` (a direction is 0 when unused)."""
+    vert = horiz = 0
+    ends = [t, t]
+    for step, stop in ((-1, 0), (1, len(path) - 1)):
+        s = t
+        while s != stop:
+            d = path[s + step] - path[s] if step > 0 else path[s] - path[s - 1]
+            if d == 0:
+                break
+            if d in (width, -width):
+                v = 1 if d == width else -1
+                if vert and v != vert:
+                    break
+                vert = v
+            else:
+                h = 1 if d == 1 else -1
+                if horiz and h != horiz:
+                    break
+                horiz = h
+            s += step
+        ends[step > 0] = s
+    if ends[0] == ends[1]:
+        return None
+    return ends[0], ends[1], vert, horiz
+
+
+class _Rectangle:
+    """A rectangle in travel coordinates: ``x`` along the row direction ``dr``, ``y`` along the column direction
+    ``dc``, from the first corner ``rs`` (x 0..size_x, y 0..size_y); ``tau(x, y) = tau0 + x + y``."""
+
+    def __init__(self, height: int, width: int, dr: int, dc: int, rs: tuple[int, int], size_x: int, size_y: int,
+                 tau0: int) -> None:
+        self.height, self.width = height, width
+        self.dr, self.dc = dr, dc
+        self.rs = rs
+        self.size_x, self.size_y = size_x, size_y
+        self.tau0 = tau0
+
+    def cell(self, x: int, y: int) -> int | None:
+        r = self.dr * (self.rs[0] + x)
+        c = self.dc * (self.rs[1] + y)
+        return r * self.width + c if 0 <= r < self.height and 0 <= c < self.width else None
+
+    def provable(self, lb: list[int], entry: str) -> bool:
+        """Conditions 1 and 2 of the module docstring for an agent with start distances ``lb`` entering across
+        ``entry`` ("west": the side ``y = 0``; "north": the side ``x = 0``)."""
+        tau0, sx, sy = self.tau0, self.size_x, self.size_y
+
+        def early(cell: int | None, tau: int) -> bool:
+            return cell is not None and 0 <= lb[cell] < tau
+
+        for x in range(sx + 1):
+            for y in range(sy + 1):
+                if early(self.cell(x, y), tau0 + x + y):
+                    return False
+        for y in range(sy + 1):
+            if entry != "north" and early(self.cell(-1, y), tau0 + y):
+                return False
+            if early(self.cell(sx + 1, y), tau0 + sx + y):
+                return False
+        for x in range(sx + 1):
+            if entry != "west" and early(self.cell(x, -1), tau0 + x):
+                return False
+            if early(self.cell(x, sy + 1), tau0 + x + sy):
+                return False
+        return True
+
+    def side(self, which: str, ncell: int) -> list[int]:
+        """The space-time keys of the far side ("east": ``y = size_y``; "south": ``x = size_x``) at their ``tau``."""
+        if which == "east":
+            spots = [(x, self.size_y) for x in range(self.size_x + 1)]
+        else:
+            spots = [(self.size_x, y) for y in range(self.size_y + 1)]
+        return [(self.tau0 + x + y) * ncell + self.cell(x, y) for x, y in spots]
+
+
+def _violates(path: list[int], keys: tuple[int, ...], ncell: int) -> bool:
+    """Whether ``path`` (then its goal, for good) occupies one of the space-time ``keys``."""
+    last = len(path) - 1
+    for k in keys:
+        t, cell = divmod(k, ncell)
+        if (path[t] if t <= last else path[last]) == cell:
+            return True
+    return False
+
+
+def _blocks(grid, mdd: MDD, keys: tuple[int, ...], ncell: int, edges: frozenset[int]) -> bool:
+    """Whether every path of ``mdd`` occupies one of ``keys`` (then forbidding them raises the agent's cost)."""
+    banned = set(keys)
+    options = grid.options
+    levels = mdd.levels
+    reach = {c for c in levels[0] if c not in banned}
+    for t in range(1, len(levels)):
+        base = t * ncell
+        nxt = set()
+        for u in reach:
+            for v in options[u]:
+                if v in levels[t] and base + v not in banned and not (
+                        edges and v != u and (base + u) * ncell + v in edges):
+                    nxt.add(v)
+        if not nxt:
+            return True
+        reach = nxt
+    goal = next(iter(levels[-1]))
+    last = len(levels) - 1
+    return any(k // ncell > last and k % ncell == goal for k in banned)

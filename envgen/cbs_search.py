@@ -1,0 +1,421 @@
+"""The high level of CBS: best-first search of the constraint tree, with the improvements of the literature, each
+switchable through :class:`CBSOptions`.
+
+A node holds every agent's path and constraints, its cost ``g`` (sum of costs), an admissible estimate ``h`` of how
+much more any solution below it costs, and its conflicts grouped by pair of agents. Nodes are ordered by ``g + h``,
+then by fewer conflicting pairs, then newest first. A child copies its parent's conflicts except those of the agents it
+replans, whose conflicts are found against the conflict-avoidance table (kept across nodes, updated by the paths that
+differ). ``h`` and the conflicts' classification are computed when a node is first popped (lazily, as in CBSH2-RTC); a
+node whose ``g + h`` then rose goes back into the open list.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from dataclasses import dataclass, replace
+from typing import Literal, NamedTuple
+
+from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_conflicts, pair_key,
+                                  priority_key)
+from envgen.cbs_heuristics import compatible, vertex_cover
+from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, build_mdd,
+                                 find_path)
+from envgen.cbs_rectangle import rectangle_conflict
+from envgen.grid import Grid
+
+Heuristic = Literal["none", "cg", "wdg"]
+
+
+@dataclass(frozen=True)
+class CBSOptions:
+    """Which improvements of plain CBS (Sharon et al. 2015) the search uses. Every setting keeps the sum of costs
+    optimal; they change how many constraint-tree nodes it takes. :meth:`plain` turns all of them off.
+
+    Attributes:
+        prioritize_conflicts: ICBS (Boyarski et al. 2015): classify each conflict by the agents' MDDs and split on a
+            cardinal one first, then semi-cardinal, then non-cardinal. Off: split on the earliest conflict.
+        heuristic: the admissible high-level heuristic: ``"none"``, ``"cg"`` (cardinal conflict graph) or ``"wdg"``
+            (weighted pairwise dependency graph, Li et al. 2019), see :mod:`envgen.cbs_heuristics`.
+        bypass: adopt a child's path instead of splitting when it has the same cost and fewer conflicting pairs
+            (Boyarski et al. 2015).
+        target_reasoning: resolve an agent standing on its goal with length constraints (it settles by ``t`` and
+            nobody enters its goal from ``t`` on, or it settles after ``t``) instead of two vertex constraints.
+        rectangle_reasoning: resolve the conflicts of two agents crossing an open rectangle with barrier constraints
+            in one split, where the rectangle is provably entered on time (see :mod:`envgen.cbs_rectangle`).
+        incremental: a child finds only the conflicts of the agents it replans, against a conflict-avoidance table kept
+            across nodes. Off: every child rescans every pair of paths and every low-level search builds its own
+            table (the search is the same; only slower).
+        pair_cost: WDG weights up to this many extra steps are found by merging the two agents' MDDs.
+        pair_nodes: node budget of each two-agent search behind a larger WDG weight; past it the search's lower bound
+            is the weight (still admissible).
+    """
+
+    prioritize_conflicts: bool = True
+    heuristic: Heuristic = "wdg"
+    bypass: bool = True
+    target_reasoning: bool = True
+    rectangle_reasoning: bool = True
+    incremental: bool = True
+    pair_cost: int = 2
+    pair_nodes: int = 10
+
+    def __post_init__(self) -> None:
+        if self.heuristic not in ("none", "cg", "wdg"):
+            raise ValueError(f"CBSOptions.heuristic = {self.heuristic!r}: use 'none', 'cg' or 'wdg'")
+        if self.heuristic != "none" and not self.prioritize_conflicts:
+            raise ValueError(f"CBSOptions.heuristic = {self.heuristic!r} needs prioritize_conflicts (it reads the "
+                             "conflicts' cardinality); set heuristic='none' or prioritize_conflicts=True")
+        if self.rectangle_reasoning and not self.prioritize_conflicts:
+            raise ValueError("CBSOptions.rectangle_reasoning needs prioritize_conflicts (it reads the agents' MDDs); "
+                             "turn one on or the other off")
+        if self.pair_cost < 0:
+            raise ValueError(f"CBSOptions.pair_cost = {self.pair_cost}: must be 0 or more")
+        if self.pair_nodes < 1:
+            raise ValueError(f"CBSOptions.pair_nodes = {self.pair_nodes}: must be at least 1")
+
+    @classmethod
+    def plain(cls) -> CBSOptions:
+        """CBS as first published: the earliest conflict, no heuristic, no bypass, no symmetry reasoning, full rescans."""
+        return cls(prioritize_conflicts=False, heuristic="none", bypass=False, target_reasoning=False,
+                   rectangle_reasoning=False, incremental=False)
+
+
+class Found(NamedTuple):
+    """Conflict-free optimal paths, after expanding ``nodes`` constraint-tree nodes."""
+
+    paths: list[list[int]]
+    nodes: int
+
+
+class NotFound(NamedTuple):
+    """No plan: ``why`` is ``"nodes"`` or ``"time"`` (a budget ran out; ``lower`` bounds the optimum from below) or
+    ``"exhausted"`` (the constraint tree has no more nodes: no plan obeys the root's constraints)."""
+
+    why: str
+    nodes: int
+    lower: int
+
+
+# A branch of a split: (operation, agent, argument, argument)
+VERTICES, EDGE, MIN_COST, SETTLE = range(4)
+
+
+class Node:
+    """A constraint-tree node (see the module docstring)."""
+
+    __slots__ = ("paths", "cons", "g", "h", "conflicts", "classified", "ready")
+
+    def __init__(self, paths: list[list[int]], cons: list[AgentConstraints], g: int, h: int,
+                 conflicts: dict[tuple[int, int], list[Conflict]],
+                 classified: dict[tuple[int, int], tuple[tuple[int, int, int], Conflict]]) -> None:
+        self.paths = paths
+        self.cons = cons
+        self.g = g
+        self.h = h
+        self.conflicts = conflicts
+        self.classified = classified
+        self.ready = False
+
+
+class CBS:
+    """One search over a group of agents (also the two-agent searches behind WDG weights)."""
+
+    def __init__(self, grid: Grid, starts: list[int], goals: list[int], hs: list[list[int]], options: CBSOptions,
+                 max_nodes: int, deadline: float) -> None:
+        self.grid = grid
+        self.starts, self.goals, self.hs = starts, goals, hs
+        self.n = len(starts)
+        self.ncell = len(grid.free)
+        self.options = options
+        self.max_nodes = max_nodes
+        self.deadline = deadline
+        self.goal_owner = {g: a for a, g in enumerate(goals)}
+        self.cat = ConflictAvoidanceTable(self.ncell, self.n)
+        self.mdds: dict[tuple[int, AgentConstraints, int], MDD | None] = {}
+        self.weights: dict[tuple[int, int, AgentConstraints, AgentConstraints], int] = {}
+        self.expanded = 0
+        self.pair_searches = 0
+
+    # ------------------------------------------------------------------------------------------------ the search
+    def run(self, paths: list[list[int]] | None = None, cons: list[AgentConstraints] | None = None,
+            lower: int = 0) -> Found | NotFound:
+        """Search from a root with ``paths`` (optimal under ``cons``; planned here when None) within ``max_nodes``."""
+        done = self.start(paths, cons, lower)
+        return done if done is not None else self.resume(self.max_nodes)
+
+    def start(self, paths: list[list[int]] | None = None, cons: list[AgentConstraints] | None = None,
+              lower: int = 0) -> Found | NotFound | None:
+        """Make the root; the answer when it already is one (or no path exists), else None (then :meth:`resume`)."""
+        cons = cons or [NO_CONSTRAINTS] * self.n
+        if paths is None:
+            paths = []
+            for a in range(self.n):
+                path = self._plan(a, paths, cons[a], 0)
+                if path is None:
+                    return NotFound("exhausted", 0, INF)
+                paths.append(path)
+        root = Node(paths, cons, sum(len(p) - 1 for p in paths), 0, self._all_conflicts(paths), {})
+        if not root.conflicts:
+            return Found(paths, 1)
+        self.counter = 0
+        self.open_list = [(max(root.g, lower), len(root.conflicts), 0, root)]
+        return None
+
+    def resume(self, max_nodes: int) -> Found | NotFound:
+        """Expand nodes until a solution, ``max_nodes`` expansions in all, the deadline, or an empty open list."""
+        open_list = self.open_list
+        pop, push = heapq.heappop, heapq.heappush
+        while open_list:
+            f, _, _, node = open_list[0]
+            if self.expanded >= max_nodes:
+                return NotFound("nodes", self.expanded, f)
+            if time.perf_counter() > self.deadline:
+                return NotFound("time", self.expanded, f)
+            pop(open_list)
+            if not node.ready:
+                node.ready = True
+                if not self._evaluate(node):
+                    continue
+                if node.g + node.h > f:
+                    self.counter -= 1
+                    push(open_list, (node.g + node.h, len(node.conflicts), self.counter, node))
+                    continue
+            if not node.conflicts:
+                return Found(node.paths, max(self.expanded, 1))
+            self.expanded += 1
+            found, children = self._expand(node, max(f, node.g + node.h))
+            if found is not None:
+                return Found(found.paths, self.expanded)
+            for child in children:
+                self.counter -= 1
+                push(open_list, (child.g + child.h, len(child.conflicts), self.counter, child))
+        return NotFound("exhausted", self.expanded, INF)
+
+    def _expand(self, node: Node, bound: int) -> tuple[Node | None, list[Node]]:
+        """Split ``node`` on its chosen conflict; a child of the same cost with fewer conflicting pairs is adopted
+        in place (bypass) and the node split again."""
+        while True:
+            conflict = self._choose(node)
+            children: list[Node] = []
+            adopted = False
+            for i, branch in enumerate(self._split(conflict)):
+                child = self._child(node, branch)
+                if child is None:
+                    continue
+                if not child.conflicts and child.g <= bound:
+                    return child, []
+                if (self.options.bypass and child.g == node.g and len(child.conflicts) < len(node.conflicts)
+                        and (i == 0 or children)):
+                    node.paths, node.conflicts, node.classified = child.paths, child.conflicts, child.classified
+                    adopted = True
+                    break
+                children.append(child)
+            if not adopted:
+                return None, children
+            if not node.conflicts:
+                return node, []
+
+    # --------------------------------------------------------------------------------------------- splitting
+    def _split(self, c: Conflict) -> tuple[tuple, tuple]:
+        nc = self.ncell
+        if c.kind is Kind.VERTEX:
+            key = c.t * nc + c.u
+            return (VERTICES, c.a, (key,)), (VERTICES, c.b, (key,))
+        if c.kind is Kind.EDGE:
+            return (EDGE, c.a, (c.t * nc + c.u) * nc + c.v), (EDGE, c.b, (c.t * nc + c.v) * nc + c.u)
+        if c.kind is Kind.TARGET:
+            if self.options.target_reasoning:
+                return (SETTLE, c.a, c.t, c.u), (MIN_COST, c.a, c.t + 1)
+            key = c.t * nc + c.u
+            return (VERTICES, c.a, (key,)), (VERTICES, c.b, (key,))
+        return (VERTICES, c.a, c.barriers[0]), (VERTICES, c.b, c.barriers[1])
+
+    def _child(self, node: Node, branch: tuple) -> Node | None:
+        """The child of ``node`` under one more constraint, with the affected agents replanned; None when one of
+        them has no path left."""
+        nc = self.ncell
+        op, agent = branch[0], branch[1]
+        cons = list(node.cons)
+        paths = node.paths
+        if op == VERTICES:
+            cons[agent] = cons[agent].with_vertices(branch[2], nc, self.goals[agent])
+            replan = [agent]
+        elif op == EDGE:
+            cons[agent] = cons[agent].with_edge(branch[2], nc)
+            replan = [agent]
+        elif op == MIN_COST:
+            cons[agent] = cons[agent].with_min_cost(branch[2])
+            replan = [agent]
+        else:  # SETTLE: the agent is on its goal cell by t for good; nobody else enters it from t on
+            t, cell = branch[2], branch[3]
+            cons[agent] = cons[agent].with_max_cost(t)
+            replan = []
+            for x in range(self.n):
+                if x != agent:
+                    cons[x] = cons[x].with_blocked(cell, t)
+                    p = paths[x]
+                    if any(p[s] == cell for s in range(t, len(p))):
+                        replan.append(x)
+        paths = list(paths)
+        g = node.g
+        for x in replan:
+            old = paths[x]
+            path = self._plan(x, paths, cons[x], len(old) - 1)
+            if path is None:
+                return None
+            paths[x] = path
+            g += len(path) - len(old)
+        done = set(replan)
+        conflicts = {k: v for k, v in node.conflicts.items() if k[0] not in done and k[1] not in done}
+        classified = {k: v for k, v in node.classified.items() if k[0] not in done and k[1] not in done}
+        conflicts.update(self._new_conflicts(paths, replan))
+        h = max(0, node.g + node.h - g)
+        return Node(paths, cons, g, h, conflicts, classified)
+
+    # -------------------------------------------------------------------------------------- low level, conflicts
+    def _plan(self, a: int, paths: list[list[int]], cons: AgentConstraints, lower: int) -> list[int] | None:
+        """Agent ``a``'s optimal path under ``cons``, avoiding the other agents' ``paths`` where it can."""
+        if self.options.incremental:
+            cat = self.cat
+            cat.load(paths, skip=(a,))
+        else:
+            cat = ConflictAvoidanceTable(self.ncell, self.n)
+            for b, p in enumerate(paths):
+                if b != a and p:
+                    cat.add(b, p)
+        return find_path(self.grid, self.hs[a], self.starts[a], self.goals[a], cons, cat, lower)
+
+    def _all_conflicts(self, paths: list[list[int]]) -> dict[tuple[int, int], list[Conflict]]:
+        return self._new_conflicts(paths, list(range(self.n)))
+
+    def _new_conflicts(self, paths: list[list[int]], agents: list[int]) -> dict[tuple[int, int], list[Conflict]]:
+        """The conflicts of ``agents`` (with everyone) in ``paths``."""
+        out: dict[tuple[int, int], list[Conflict]] = {}
+        if self.options.incremental:
+            cat = self.cat
+            cat.load(paths, skip=agents)
+            for a in reversed(agents):  # each pair once, named as the scan below names it
+                out.update(conflicts_of(a, paths[a], paths, self.goal_owner, cat))
+                cat.add(a, paths[a])
+            return out
+        done: set[int] = set()
+        for a in agents:
+            for b in range(self.n):
+                if b != a and b not in done:
+                    found = pair_conflicts(a, paths[a], b, paths[b])
+                    if found:
+                        out[pair_key(a, b)] = found
+            done.add(a)
+        return out
+
+    # ------------------------------------------------------------------------------ choosing, classifying, h
+    def _mdd(self, a: int, node: Node, extra: int = 0) -> MDD | None:
+        """Agent ``a``'s MDD in ``node`` at its cost plus ``extra`` (None when no path has that cost)."""
+        cons = node.cons[a]
+        cost = len(node.paths[a]) - 1 + extra
+        key = (a, cons, cost)
+        if key in self.mdds:
+            return self.mdds[key]
+        if len(self.mdds) > 50_000:
+            self.mdds.clear()
+        mdd = self.mdds[key] = build_mdd(self.grid, self.hs[a], self.starts[a], self.goals[a], cost, cons)
+        if mdd is None and not extra:
+            raise RuntimeError(f"agent {a}: no MDD at its own path's cost {cost}; the path breaks its constraints")
+        return mdd
+
+    def _classify(self, node: Node) -> None:
+        """Give every conflicting pair its most useful conflict and that conflict's rank (cardinality, kind, time)."""
+        classified = node.classified
+        rectangles = self.options.rectangle_reasoning
+        for key, found in node.conflicts.items():
+            if key in classified:
+                continue
+            best = None
+            for c in found:
+                mdd_a, mdd_b = self._mdd(c.a, node), self._mdd(c.b, node)
+                rank = priority_key(cardinality(c, mdd_a, mdd_b), c)
+                if rectangles and c.kind is Kind.VERTEX and rank[0] != Priority.CARDINAL:
+                    rect = rectangle_conflict(self, node, c, mdd_a, mdd_b)
+                    if rect is not None:
+                        c, rank = rect
+                if best is None or rank < best[0]:
+                    best = (rank, c)
+            classified[key] = best
+
+    def _choose(self, node: Node) -> Conflict:
+        if self.options.prioritize_conflicts:
+            self._classify(node)
+            return min(node.classified.items(), key=lambda kv: (kv[1][0], kv[0]))[1][1]
+        return min(((c.t, key), c) for key, found in node.conflicts.items() for c in found)[1]
+
+    def _evaluate(self, node: Node) -> bool:
+        """Classify ``node``'s conflicts and raise its ``h`` to the heuristic's; False when a pair of its agents
+        provably has no plan under their constraints (the node's subtree holds no solution)."""
+        kind = self.options.heuristic
+        if kind == "none":
+            return True
+        self._classify(node)
+        weights: dict[tuple[int, int], int] = {}
+        for key, (rank, _) in node.classified.items():
+            if kind == "cg":
+                if rank[0] == Priority.CARDINAL:
+                    weights[key] = 1
+                continue
+            w = self._pair_weight(node, key, rank[0] == Priority.CARDINAL)
+            if w >= INF:
+                return False
+            if w:
+                weights[key] = w
+        if weights:
+            node.h = max(node.h, vertex_cover(weights))
+        return True
+
+    def _pair_weight(self, node: Node, key: tuple[int, int], cardinal: bool) -> int:
+        """How much agents ``key`` must add to their costs together (a lower bound; INF when they cannot both reach
+        their goals under their constraints), memoised on their constraints.
+
+        First by merging MDDs (ICTS for two agents): the weight is the least ``k`` such that some split of ``k`` extra
+        steps between the two agents leaves a conflict-free pair of paths; every smaller ``k`` refuted is a lower
+        bound. Past ``pair_cost`` extra steps, or when a merge is too large to decide, the two agents are solved by
+        CBS within ``pair_nodes`` nodes.
+        """
+        a, b = key
+        cons_a, cons_b = node.cons[a], node.cons[b]
+        memo = (a, b, cons_a, cons_b)
+        w = self.weights.get(memo)
+        if w is not None:
+            return w
+        w = -1
+        for k in range(int(cardinal), self.options.pair_cost + 1):
+            undecided = False
+            for i in range(k + 1):
+                mdd_a, mdd_b = self._mdd(a, node, i), self._mdd(b, node, k - i)
+                if mdd_a is None or mdd_b is None:
+                    continue
+                fits = compatible(self.grid, mdd_a, mdd_b, self.ncell, cons_a.edge, cons_b.edge)
+                if fits:
+                    w = k
+                    break
+                undecided = undecided or fits is None
+            if w >= 0:
+                break
+            if undecided:
+                w = self._pair_search(node, a, b, k)
+                break
+        if w < 0:
+            w = self._pair_search(node, a, b, self.options.pair_cost + 1)
+        self.weights[memo] = w
+        return w
+
+    def _pair_search(self, node: Node, a: int, b: int, at_least: int) -> int:
+        """The two agents' extra cost by a CBS of their own (at least ``at_least``, a bound already proved)."""
+        base = len(node.paths[a]) + len(node.paths[b]) - 2
+        sub = CBS(self.grid, [self.starts[a], self.starts[b]], [self.goals[a], self.goals[b]],
+                  [self.hs[a], self.hs[b]], replace(self.options, heuristic="cg", bypass=False),
+                  self.options.pair_nodes, self.deadline)
+        got = sub.run([node.paths[a], node.paths[b]], [node.cons[a], node.cons[b]], base + at_least)
+        self.pair_searches += 1
+        if isinstance(got, Found):
+            return max(at_least, sum(len(p) - 1 for p in got.paths) - base)
+        return INF if got.lower >= INF else max(at_least, got.lower - base)
