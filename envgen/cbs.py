@@ -192,7 +192,8 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
         methods.add(got.method)
         for a, path in zip(agents, got.paths):
             paths[a] = path
-    cells = tuple(tuple(grid.cell(p) for p in path) for path in paths)
+    width = grid.width
+    cells = tuple(tuple(divmod(p, width) for p in path) for path in paths)
     costs = [len(p) - 1 for p in paths]
     return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
 

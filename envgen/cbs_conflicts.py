@@ -115,6 +115,20 @@ def pair_conflicts(a: int, p: list[int], b: int, q: list[int]) -> list[Conflict]
     return out
 
 
+def pair_collides(p: list[int], q: list[int]) -> bool:
+    """Whether two paths (each agent then staying on its goal) have any conflict: :func:`pair_conflicts` without
+    collecting them."""
+    lp, lq = len(p) - 1, len(q) - 1
+    x0, y0 = p[0], q[0]
+    for t in range(1, max(lp, lq) + 1):
+        x = p[t] if t <= lp else p[lp]
+        y = q[t] if t <= lq else q[lq]
+        if x == y or (x == y0 and y == x0):
+            return True
+        x0, y0 = x, y
+    return False
+
+
 def cardinality(conflict: Conflict, mdd_a: MDD, mdd_b: MDD) -> Priority:
     """Cardinal, semi-cardinal or non-cardinal, from the agents' MDDs at their current costs (a level of width one is
     a cell every optimal path of the agent occupies then). The settled agent of a target conflict is cardinal: keeping

@@ -95,9 +95,10 @@ def _greedy_matching(comp: list[int], adj: dict[int, dict[int, int]]) -> int:
     return total
 
 
-def compatible(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int] = frozenset(),
-               edges_b: frozenset[int] = frozenset()) -> bool | None:
-    """Whether some pair of paths, one from each MDD, is conflict-free (None: undecided within :data:`SYNC_LIMIT`).
+def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int] = frozenset(),
+               edges_b: frozenset[int] = frozenset()) -> tuple[list[int], list[int]] | bool | None:
+    """A conflict-free pair of paths, one from each MDD, when there is one; False when there is none; None when
+    undecided within :data:`SYNC_LIMIT`.
 
     A breadth-first sweep over joint MDD states level by level (the MDDs merged, Felner et al. 2018); the agent with
     the shorter MDD then stays on its goal. ``edges_*`` are the agents' edge constraints (an MDD's levels alone allow
@@ -105,27 +106,40 @@ def compatible(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
     """
     options = grid.options
     la, lb = mdd_a.levels, mdd_b.levels
-    end = max(len(la), len(lb))
-    frontier = {(next(iter(la[0])), next(iter(lb[0])))}
+    len_a, len_b = len(la), len(lb)
+    end = max(len_a, len_b)
+    start = (next(iter(la[0])), next(iter(lb[0])))
+    layers: list[dict[tuple[int, int], tuple[int, int]]] = [{start: start}]
     work = 0
     for t in range(1, end):
-        nxt: set[tuple[int, int]] = set()
-        level_a = la[t] if t < len(la) else None
-        level_b = lb[t] if t < len(lb) else None
+        nxt: dict[tuple[int, int], tuple[int, int]] = {}
+        level_a = la[t] if t < len_a else None
+        level_b = lb[t] if t < len_b else None
         base = t * ncell
-        for u, w in frontier:
+        for state in layers[-1]:
+            u, w = state
             moves_a = [v for v in options[u] if v in level_a and not (
                 edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
             moves_b = [v for v in options[w] if v in level_b and not (
                 edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
             for v in moves_a:
                 for y in moves_b:
-                    if v != y and not (v == w and y == u):
-                        nxt.add((v, y))
+                    if v != y and not (v == w and y == u) and (v, y) not in nxt:
+                        nxt[(v, y)] = state
             work += len(moves_a) * len(moves_b)
         if not nxt:
             return False
         if work > SYNC_LIMIT:
             return None
-        frontier = nxt
-    return True
+        layers.append(nxt)
+    state = next(iter(layers[-1]))
+    path_a, path_b = [], []
+    for t in range(end - 1, -1, -1):
+        if t < len_a:
+            path_a.append(state[0])
+        if t < len_b:
+            path_b.append(state[1])
+        state = layers[t][state]
+    path_a.reverse()
+    path_b.reverse()
+    return path_a, path_b

@@ -206,7 +206,7 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
         static = last + 1
     options = grid.options
     if static <= 0 and blocked is None:
-        return _shortest(options, h, start, goal)
+        return shortest_path(grid, h, start, goal)
     cells = [start]
     parents = [-1]
     keys = [start]
@@ -287,8 +287,9 @@ def _trace(cells: list[int], parents: list[int], idx: int) -> list[int]:
     return path
 
 
-def _shortest(options, h: list[int], start: int, goal: int) -> list[int]:
-    """A shortest path along ``h``: the first neighbour one step closer, every step."""
+def shortest_path(grid: Grid, h: list[int], start: int, goal: int) -> list[int]:
+    """A shortest path along ``h`` (the distances to ``goal``): the first neighbour one step closer, every step."""
+    options = grid.options
     path = [start]
     u = start
     while u != goal:

@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_conflicts, pair_key,
-                                  priority_key)
-from envgen.cbs_heuristics import compatible, vertex_cover
+from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_collides, pair_conflicts,
+                                  pair_key, priority_key)
+from envgen.cbs_heuristics import merge_mdds, vertex_cover
 from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, build_mdd,
-                                 find_path)
+                                 find_path, shortest_path)
 from envgen.cbs_rectangle import rectangle_conflict
 from envgen.grid import Grid
 
@@ -134,6 +134,7 @@ class CBS:
         self.cat = ConflictAvoidanceTable(self.ncell, self.n)
         self.mdds: dict[tuple[int, AgentConstraints, int], MDD | None] = {}
         self.weights: dict[tuple[int, int, AgentConstraints, AgentConstraints], int] = {}
+        self.witnesses: dict[tuple[int, int, AgentConstraints, AgentConstraints], tuple[list[int], list[int]]] = {}
         self.expanded = 0
         self.pair_searches = 0
 
@@ -147,6 +148,12 @@ class CBS:
     def start(self, paths: list[list[int]] | None = None, cons: list[AgentConstraints] | None = None,
               lower: int = 0) -> Found | NotFound | None:
         """Make the root; the answer when it already is one (or no path exists), else None (then :meth:`resume`)."""
+        if paths is None and cons is None:
+            # First every agent's plain shortest path: when they happen not to conflict, that is the answer.
+            paths = [shortest_path(self.grid, h, s, g) for h, s, g in zip(self.hs, self.starts, self.goals)]
+            if not (pair_collides(*paths) if self.n == 2 else self._all_conflicts(paths)):
+                return Found(paths, 1)
+            paths = None
         cons = cons or [NO_CONSTRAINTS] * self.n
         if paths is None:
             paths = []
@@ -183,6 +190,9 @@ class CBS:
                     continue
             if not node.conflicts:
                 return Found(node.paths, max(self.expanded, 1))
+            witnessed = self._witness_plan(node, f)
+            if witnessed is not None:
+                return Found(witnessed, max(self.expanded, 1))
             self.expanded += 1
             found, children = self._expand(node, max(f, node.g + node.h))
             if found is not None:
@@ -393,23 +403,43 @@ class CBS:
                 mdd_a, mdd_b = self._mdd(a, node, i), self._mdd(b, node, k - i)
                 if mdd_a is None or mdd_b is None:
                     continue
-                fits = compatible(self.grid, mdd_a, mdd_b, self.ncell, cons_a.edge, cons_b.edge)
+                fits = merge_mdds(self.grid, mdd_a, mdd_b, self.ncell, cons_a.edge, cons_b.edge)
                 if fits:
                     w = k
+                    self.witnesses[memo] = fits
                     break
                 undecided = undecided or fits is None
             if w >= 0:
                 break
             if undecided:
-                w = self._pair_search(node, a, b, k)
+                w = self._pair_search(node, a, b, k, memo)
                 break
         if w < 0:
-            w = self._pair_search(node, a, b, self.options.pair_cost + 1)
+            w = self._pair_search(node, a, b, self.options.pair_cost + 1, memo)
         self.weights[memo] = w
         return w
 
-    def _pair_search(self, node: Node, a: int, b: int, at_least: int) -> int:
-        """The two agents' extra cost by a CBS of their own (at least ``at_least``, a bound already proved)."""
+    def _witness_plan(self, node: Node, bound: int) -> list[list[int]] | None:
+        """A conflict-free plan of cost at most ``bound`` (the least ``g + h`` of the open list, so a lower bound on
+        every plan: such a plan is optimal) from the pairwise searches behind ``node``'s WDG weights, when its
+        conflicting pairs are disjoint and each was solved with a witness; else None."""
+        if self.options.heuristic != "wdg":
+            return None
+        paths = list(node.paths)
+        changed: list[int] = []
+        for a, b in node.conflicts:
+            found = self.witnesses.get((a, b, node.cons[a], node.cons[b]))
+            if found is None or a in changed or b in changed:
+                return None
+            paths[a], paths[b] = found
+            changed += (a, b)
+        if sum(len(p) - 1 for p in paths) > bound or self._new_conflicts(paths, changed):
+            return None
+        return paths
+
+    def _pair_search(self, node: Node, a: int, b: int, at_least: int, memo: tuple) -> int:
+        """The two agents' extra cost by a CBS of their own (at least ``at_least``, a bound already proved); its plan,
+        when it finds one, is kept as the pair's witness."""
         base = len(node.paths[a]) + len(node.paths[b]) - 2
         sub = CBS(self.grid, [self.starts[a], self.starts[b]], [self.goals[a], self.goals[b]],
                   [self.hs[a], self.hs[b]], replace(self.options, heuristic="cg", bypass=False),
@@ -417,5 +447,6 @@ class CBS:
         got = sub.run([node.paths[a], node.paths[b]], [node.cons[a], node.cons[b]], base + at_least)
         self.pair_searches += 1
         if isinstance(got, Found):
+            self.witnesses[memo] = (got.paths[0], got.paths[1])
             return max(at_least, sum(len(p) - 1 for p in got.paths) - base)
         return INF if got.lower >= INF else max(at_least, got.lower - base)

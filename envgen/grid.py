@@ -6,7 +6,6 @@ flat lookup tables so that the hot loops of the solver and the simulator do list
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import lru_cache
@@ -88,15 +87,18 @@ class Grid:
 def _bfs(neighbors: tuple[tuple[int, ...], ...], source: int, n: int) -> list[int]:
     dist = [UNREACHABLE] * n
     dist[source] = 0
-    queue = deque((source,))
-    pop, push = queue.popleft, queue.append
-    while queue:
-        u = pop()
-        du = dist[u] + 1
-        for v in neighbors[u]:
-            if dist[v] < 0:
-                dist[v] = du
-                push(v)
+    frontier = [source]
+    d = 0
+    while frontier:
+        d += 1
+        nxt = []
+        push = nxt.append
+        for u in frontier:
+            for v in neighbors[u]:
+                if dist[v] < 0:
+                    dist[v] = d
+                    push(v)
+        frontier = nxt
     return dist
 
 
