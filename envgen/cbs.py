@@ -13,11 +13,12 @@ A* on the exact obstacle-aware distance, ties broken toward fewer conflicts. Eve
 optimal.
 
 Agents in different connected components never meet, so each component's agents are solved as an independent group.
-CBS cannot prove that no plan exists, so where the joint state space is small (``SolverBudget.max_joint_work``: two
-agents on boards up to 10x10 by default) an exact joint A* (:func:`solve_joint`) takes over a group that CBS has not
-solved after a few nodes: it finds the optimum or proves that there is none. In larger groups, when CBS has not
-finished after ``PAIR_PROOF_AFTER`` nodes, every pair of agents small enough for the joint search is checked: if two
-agents alone cannot both reach their goals, neither can the group.
+CBS cannot prove that no plan exists, and crowded pockets (several agents shuffling through a few cells) make its
+tree explode, so the exhaustive searches of :mod:`envgen.cbs_joint` back it up. Two agents on a small board
+(``SolverBudget.max_joint_work``: up to 10x10 by default) go to the exact joint A* after ``JOINT_HANDOVER`` nodes. A
+larger group that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes is first checked for reachability (if the
+group, or some of its agents alone, cannot reach their goals at all, no plan exists: a proof), then given to the joint
+A*, each within ``SolverBudget.max_joint_states`` states; only then does CBS go on.
 
 Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds. A result is typed: :class:`Solved` or
 :class:`Unsolved` with its :class:`UnsolvedReason`. A plan is never returned unless it is optimal.
@@ -25,46 +26,50 @@ Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds.
 
 from __future__ import annotations
 
-import heapq
 import time
 from dataclasses import dataclass
 from enum import Enum
-from itertools import combinations, product
+from itertools import combinations
 from typing import NamedTuple
 
+from envgen.cbs_joint import JointFailure, JointPlan, joint_search, reachable
 from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path
 from envgen.cbs_search import CBS, CBSOptions, Found
 from envgen.grid import UNREACHABLE, Grid, grid_of
 from envgen.instance import Cell, Instance
 
-__all__ = ["CBSOptions", "JOINT_HANDOVER", "PAIR_PROOF_AFTER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
+__all__ = ["CBSOptions", "EXHAUSTIVE_AFTER", "JOINT_HANDOVER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
            "UnsolvedReason", "solve", "solve_joint"]
 
 JOINT_HANDOVER = 8
 """CBS nodes expanded before the joint search takes over, where it applies (see ``SolverBudget.max_joint_work``)."""
 
-PAIR_PROOF_AFTER = 64
-"""CBS nodes expanded in a group of agents before every pair small enough for the joint search is checked for a
-proof that no plan exists."""
+EXHAUSTIVE_AFTER = 64
+"""CBS nodes expanded on a group of agents (beyond the two-agent handover) before the exhaustive searches try it."""
 
 
 @dataclass(frozen=True)
 class SolverBudget:
-    """Limits of one solve.
+    """Limits of one solve. Every limit but ``max_seconds`` counts work, not time, so a solve's outcome is the same
+    on every machine when ``max_seconds`` is not reached.
 
     Attributes:
-        max_nodes: high-level CBS nodes expanded before giving up.
+        max_nodes: high-level CBS nodes expanded per group of agents before giving up.
         max_seconds: wall-clock seconds before giving up (checked once per high-level node).
-        max_joint_work: the exhaustive joint search backs CBS up when its estimated work
-            (free cells ** k * 2 ** k * 5 ** k for k agents) is at most this; CBS then hands over after
-            ``JOINT_HANDOVER`` nodes (measured fastest on 2-agent boards up to 10x10, where the joint A* beats CBS on
-            instances that need coordination and proves unsolvable pockets at once). 0 turns the fallback off.
-            The default (3 million) covers 2 agents on grids up to 10x10 (at most a second or two of Python).
+        max_joint_work: two agents go to the exhaustive joint search after ``JOINT_HANDOVER`` CBS nodes when its
+            estimated work (free cells ** k * 2 ** k * 5 ** k for k agents) is at most this (measured fastest on
+            2-agent boards up to 10x10, where the joint A* beats CBS on instances that need coordination and proves
+            unsolvable pockets at once). 0 turns this handover off. The default (3 million) covers 2 agents on grids
+            up to 10x10 (at most a second or two of Python).
+        max_joint_states: for a larger group that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes, the states
+            each exhaustive search (reachability of the group and of its pairs and triples, then the joint A*) may
+            visit before CBS goes on. 0 turns them off.
     """
 
     max_nodes: int = 20_000
     max_seconds: float = 30.0
     max_joint_work: int = 3_000_000
+    max_joint_states: int = 100_000
 
     def __post_init__(self) -> None:
         if self.max_nodes < 1:
@@ -73,6 +78,8 @@ class SolverBudget:
             raise ValueError(f"SolverBudget.max_seconds = {self.max_seconds}: must be positive")
         if self.max_joint_work < 0:
             raise ValueError(f"SolverBudget.max_joint_work = {self.max_joint_work}: must be 0 (off) or more")
+        if self.max_joint_states < 0:
+            raise ValueError(f"SolverBudget.max_joint_states = {self.max_joint_states}: must be 0 (off) or more")
 
 
 class UnsolvedReason(str, Enum):
@@ -99,7 +106,8 @@ class Solved:
     Attributes:
         paths: per agent the cells from time 0 to its last arrival at its goal (``len = cost + 1``).
         soc: optimal sum of costs. makespan: the largest cost in this plan.
-        nodes: high-level nodes expanded (joint states for the exhaustive search).
+        nodes: constraint-tree nodes expanded, over all groups (0 when the agents' shortest paths already agree),
+            plus the states of the exhaustive search where it ran.
         shortest: each agent's shortest-path length alone on the grid.
         method: ``"cbs"`` or ``"joint"`` (the exhaustive fallback).
     """
@@ -208,33 +216,39 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
     """One independent group of agents."""
     k = len(agents)
     if k == 1:
-        return GroupPlan([find_path(grid, hs[0], starts[0], goals[0], NO_CONSTRAINTS, None)], 1, "cbs")
-    free_cells = len(hs[0]) - hs[0].count(UNREACHABLE)
-    work = _joint_work(free_cells, k)
-    use_joint = 0 < work <= budget.max_joint_work
+        return GroupPlan([find_path(grid, hs[0], starts[0], goals[0], NO_CONSTRAINTS, None)], 0, "cbs")
+    work = _joint_work(len(hs[0]) - hs[0].count(UNREACHABLE), k)
+    handover = 0 < work <= budget.max_joint_work
     search = CBS(grid, starts, goals, hs, options, budget.max_nodes, deadline)
     got = search.start()
+    extra = 0
     if got is None:
-        if use_joint:
+        if handover:
             got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
         else:
-            got = search.resume(min(budget.max_nodes, PAIR_PROOF_AFTER))
-            if not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > PAIR_PROOF_AFTER:
-                proof = _unsolvable_pair(instance, agents, free_cells, budget)
-                if proof is not None:
-                    return Unsolved(UnsolvedReason.UNSOLVABLE, proof, search.expanded, ())
+            got = search.resume(min(budget.max_nodes, EXHAUSTIVE_AFTER))
+            if (not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > EXHAUSTIVE_AFTER
+                    and budget.max_joint_states):
+                hard = _exhaustive(grid, agents, starts, goals, budget.max_joint_states)
+                if not isinstance(hard, int):
+                    if isinstance(hard, str):
+                        return Unsolved(UnsolvedReason.UNSOLVABLE, hard, got.nodes, ())
+                    return GroupPlan(hard.paths, got.nodes + hard.states, "joint")
+                extra = hard
                 got = search.resume(budget.max_nodes)
     if isinstance(got, Found):
-        return GroupPlan(got.paths, got.nodes, "cbs")
-    nodes = got.nodes
+        return GroupPlan(got.paths, got.nodes + extra, "cbs")
+    nodes = got.nodes + extra
     if got.why == "exhausted":
         return Unsolved(UnsolvedReason.UNSOLVABLE, "CBS exhausted its constraint tree: no conflict-free plan exists", nodes, ())
-    if use_joint and got.why == "nodes" and nodes < budget.max_nodes:
-        sub = Instance(instance.rows, tuple(instance.starts[a] for a in agents), tuple(instance.goals[a] for a in agents))
-        joint = solve_joint(sub, max_states=work)
-        if isinstance(joint, Unsolved):
-            return Unsolved(joint.reason, joint.detail, nodes + joint.nodes, ())
-        return GroupPlan([[grid.index(c) for c in p] for p in joint.paths], nodes + joint.nodes, "joint")
+    if handover and got.why == "nodes" and got.nodes < budget.max_nodes:
+        joint = joint_search(grid, starts, goals, work)
+        if isinstance(joint, JointFailure):
+            if joint.unsolvable:
+                return Unsolved(UnsolvedReason.UNSOLVABLE, "exhaustive joint search: no conflict-free plan reaches all "
+                                "goals", nodes + joint.states, ())
+            return Unsolved(UnsolvedReason.NODE_BUDGET, f"joint search passed {work} states", nodes + joint.states, ())
+        return GroupPlan(joint.paths, nodes + joint.states, "joint")
     if got.why == "nodes":
         return Unsolved(UnsolvedReason.NODE_BUDGET, f"CBS found no plan within {budget.max_nodes} nodes; the instance "
                         "may be unsolvable or hard", nodes, ())
@@ -242,112 +256,52 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
                     "be unsolvable or hard", nodes, ())
 
 
-def _unsolvable_pair(instance: Instance, agents: list[int], free_cells: int, budget: SolverBudget) -> str | None:
-    """A proof that the group has no plan: two of its agents that cannot both reach their goals even alone (by the
-    exhaustive joint search, where it is small enough); None when every pair checked has a plan."""
-    work = _joint_work(free_cells, 2)
-    if not 0 < work <= budget.max_joint_work:
-        return None
-    for a, b in combinations(agents, 2):
-        pair = Instance(instance.rows, (instance.starts[a], instance.starts[b]), (instance.goals[a], instance.goals[b]))
-        joint = solve_joint(pair, max_states=work)
-        if isinstance(joint, Unsolved) and joint.reason is UnsolvedReason.UNSOLVABLE:
-            return f"agents {a + 1} and {b + 1} alone cannot both reach their goals (exhaustive joint search)"
-    return None
+def _exhaustive(grid: Grid, agents: list[int], starts: list[int], goals: list[int],
+                max_states: int) -> str | JointPlan | int:
+    """The exhaustive searches on a group CBS finds hard: a proof that no plan exists (its text), the optimal plan, or
+    the states spent without an answer.
 
+    Reachability of the whole group first; when undecided, of every pair and then every triple of its agents (if some
+    agents alone cannot reach their goals, the group cannot); then the optimal joint A*."""
+    spent = 0
+    whole = reachable(grid, starts, goals, max_states)
+    if whole is False:
+        return "the agents cannot reach their goal cells from their start cells in any order (exhaustive reachability)"
+    if whole is None:
+        for size in (2, 3):
+            for subset in combinations(range(len(agents)), size):
+                if size == len(agents):
+                    continue
+                if reachable(grid, [starts[i] for i in subset], [goals[i] for i in subset], max_states) is False:
+                    who = " and ".join(str(agents[i] + 1) for i in subset)
+                    return f"agents {who} alone cannot all reach their goals (exhaustive reachability)"
+        spent += max_states
+    joint = joint_search(grid, starts, goals, max_states)
+    if isinstance(joint, JointFailure):
+        if joint.unsolvable:
+            return "exhaustive joint search: no conflict-free plan reaches all goals"
+        return spent + joint.states
+    return joint
 
 
 # ------------------------------------------------------------------------------------------- exhaustive fallback
 def solve_joint(instance: Instance, max_states: int = 1_000_000) -> SolveResult:
-    """Optimal sum-of-costs A* over joint configurations; exact, and proves unsolvability by exhausting them.
-
-    A state is every agent's cell and whether it has finished (parked on its goal for good). A step costs the number
-    of unfinished agents; finishing costs nothing. The heuristic, the sum of the unfinished agents' distances to their
-    goals, is consistent, so the first finished state popped is optimal. Practical for 2-3 agents on small grids; ``max_states`` bounds the
-    states visited and ends in ``Unsolved(NODE_BUDGET)``.
-    """
+    """Optimal sum-of-costs A* over joint configurations (:func:`envgen.cbs_joint.joint_search`); exact, and proves
+    unsolvability by exhausting them. Practical for 2-4 agents on small grids; ``max_states`` bounds the states
+    visited and ends in ``Unsolved(NODE_BUDGET)``."""
     grid = grid_of(instance.rows)
-    n = instance.num_agents
-    starts = tuple(grid.index(c) for c in instance.starts)
-    goals = tuple(grid.index(c) for c in instance.goals)
-    hs = [grid.distances_from(g) for g in goals]
-    shortest = tuple(h[s] for h, s in zip(hs, starts))
+    starts = [grid.index(c) for c in instance.starts]
+    goals = [grid.index(c) for c in instance.goals]
+    shortest = tuple(grid.distances_from(g)[s] for s, g in zip(starts, goals))
     if any(d == UNREACHABLE for d in shortest):
         return Unsolved(UnsolvedReason.NO_PATH, "some agent's goal is unreachable from its start", 0,
                         tuple(None if d == UNREACHABLE else d for d in shortest))
-    options = grid.options
-    all_done = (1 << n) - 1
-    start_state = (starts, 0)
-    dist = {start_state: 0}
-    parent: dict = {start_state: None}
-    heap = [(sum(shortest), 0, 0, start_state)]
-    counter = 0
-    while heap:
-        _, negd, _, state = heapq.heappop(heap)
-        d = -negd
-        if d > dist[state]:
-            continue
-        pos, done = state
-        if done == all_done:
-            return _joint_result(instance, grid, state, parent, d, len(dist), shortest)
-        if len(dist) > max_states:
-            return Unsolved(UnsolvedReason.NODE_BUDGET, f"joint search passed {max_states} states", len(dist), shortest)
-        succ = []
-        for a in range(n):  # finishing: free of cost and time
-            if not done >> a & 1 and pos[a] == goals[a]:
-                succ.append(((pos, done | 1 << a), 0))
-        step_cost = n - bin(done).count("1")
-        if step_cost:
-            choices = [(pos[a],) if done >> a & 1 else options[pos[a]] for a in range(n)]
-            for nxt in product(*choices):
-                if _joint_move_ok(pos, nxt, n):
-                    succ.append(((nxt, done), step_cost))
-        for s2, c in succ:
-            d2 = d + c
-            if d2 < dist.get(s2, 1 << 60):
-                dist[s2] = d2
-                parent[s2] = state
-                counter += 1
-                p2, done2 = s2
-                h2 = d2
-                for a in range(n):
-                    if not done2 >> a & 1:
-                        h2 += hs[a][p2[a]]
-                heapq.heappush(heap, (h2, -d2, counter, s2))
-    return Unsolved(UnsolvedReason.UNSOLVABLE, "exhaustive joint search: no conflict-free plan reaches all goals", len(dist), shortest)
-
-
-def _joint_move_ok(pos: tuple[int, ...], nxt: tuple[int, ...], n: int) -> bool:
-    """No two agents in one cell and no two agents swapping cells."""
-    if n == 2:
-        a, b = nxt
-        return a != b and not (a == pos[1] and b == pos[0])
-    if len(set(nxt)) < n:
-        return False
-    for a in range(n):
-        if nxt[a] != pos[a]:
-            for b in range(a + 1, n):
-                if nxt[a] == pos[b] and nxt[b] == pos[a]:
-                    return False
-    return True
-
-
-def _joint_result(instance: Instance, grid: Grid, state, parent, soc: int, nodes: int, shortest) -> Solved:
-    """Rebuild per-agent paths from the chain of joint states (a changed ``done`` mask marks a finish, else a step)."""
-    chain = []
-    while state is not None:
-        chain.append(state)
-        state = parent[state]
-    chain.reverse()
-    n = instance.num_agents
-    timeline = [chain[0][0]]
-    finish = [0] * n
-    for (_, done0), (pos1, done1) in zip(chain, chain[1:]):
-        if done1 != done0:
-            for a in range(n):
-                if done1 >> a & 1 and not done0 >> a & 1:
-                    finish[a] = len(timeline) - 1
-        else:
-            timeline.append(pos1)
-    paths = tuple(tuple(grid.cell(timeline[t][a]) for t in range(finish[a] + 1)) for a in range(n))
-    return Solved(paths, soc, max(finish), nodes, shortest, "joint")
+    got = joint_search(grid, starts, goals, max_states)
+    if isinstance(got, JointFailure):
+        if got.unsolvable:
+            return Unsolved(UnsolvedReason.UNSOLVABLE, "exhaustive joint search: no conflict-free plan reaches all goals",
+                            got.states, shortest)
+        return Unsolved(UnsolvedReason.NODE_BUDGET, f"joint search passed {max_states} states", got.states, shortest)
+    width = grid.width
+    paths = tuple(tuple(divmod(c, width) for c in p) for p in got.paths)
+    return Solved(paths, got.soc, max(len(p) - 1 for p in got.paths), got.states, shortest, "joint")

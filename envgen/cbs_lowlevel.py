@@ -211,10 +211,20 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
     parents = [-1]
     keys = [start]
     best = {start: 0}  # key -> g * _SCALE + conflicts of its best entry (time-free keys can be reached at several g)
-    heap = [(bound, 0, 0, 0)]
+    # Open states by level: the heap holds those with f <= level, ordered by (conflicts, -g); the others wait in
+    # `later`, by f, until the level rises to them (most never are: the first level usually has a path).
+    level = bound
+    heap: list[tuple[int, int, int]] = [(0, 0, 0)]
+    later: dict[int, list[tuple[int, int, int]]] = {}
     pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        _, conf, negt, idx = pop(heap)
+    while True:
+        if not heap:
+            if not later:
+                return None
+            level = min(later)
+            heap = later.pop(level)
+            heapq.heapify(heap)
+        conf, negt, idx = pop(heap)
         key = keys[idx]
         t = -negt
         if best[key] < t * _SCALE + conf:
@@ -235,43 +245,52 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
             tt = t + 1
         nt = t + 1
         base = tt * ncell
+        here = nt * ncell
+        rank0 = nt * _SCALE
         constrained = nt <= last
+        waits = t < static
+        on_goal = u == goal
         for v in options[u]:
-            if v == u and t >= static:
-                continue
+            if v == u:
+                if not waits:
+                    continue
+                k = -base - v - 1 if on_goal else base + v  # waiting on the goal is not an arrival
+            else:
+                k = base + v
             f = nt + h[v]
             if f > max_cost:
                 continue
-            k = base + v
             if constrained:
-                if k in vcons:
+                if here + v in vcons:
                     continue
-                if econs and v != u and (nt * ncell + u) * ncell + v in econs:
+                if econs and v != u and (here + u) * ncell + v in econs:
                     continue
             if blocked is not None:
                 since = blocked.get(v)
                 if since is not None and nt >= since:
                     continue
-            if v == u == goal:
-                k = -k - 1  # waiting on the goal is not an arrival
             c = conf
             if park is not None:
                 if nt < tlen:
-                    c += occ[nt * ncell + v]
+                    c += occ[here + v]
                 if park[v] <= nt:
                     c += 1
                 if v != u and moves:
-                    c += moves.get((nt * ncell + v) * ncell + u, 0)
-            rank = nt * _SCALE + c
+                    c += moves.get((here + v) * ncell + u, 0)
+            rank = rank0 + c
             old = best.get(k)
             if old is not None and old <= rank:
                 continue
             best[k] = rank
-            push(heap, (f if f > bound else bound, c, -nt, len(cells)))
+            if f <= level:
+                push(heap, (c, -nt, len(cells)))
+            elif f in later:
+                later[f].append((c, -nt, len(cells)))
+            else:
+                later[f] = [(c, -nt, len(cells))]
             cells.append(v)
             parents.append(idx)
             keys.append(k)
-    return None
 
 
 _SCALE = 1 << 24

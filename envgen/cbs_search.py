@@ -149,11 +149,20 @@ class CBS:
               lower: int = 0) -> Found | NotFound | None:
         """Make the root; the answer when it already is one (or no path exists), else None (then :meth:`resume`)."""
         if paths is None and cons is None:
-            # First every agent's plain shortest path: when they happen not to conflict, that is the answer.
+            # Every agent's plain shortest path first: when they happen not to conflict, that is the answer; else the
+            # agents in conflicts are replanned in turn, each avoiding the others' paths where it can at no cost.
             paths = [shortest_path(self.grid, h, s, g) for h, s, g in zip(self.hs, self.starts, self.goals)]
-            if not (pair_collides(*paths) if self.n == 2 else self._all_conflicts(paths)):
-                return Found(paths, 1)
-            paths = None
+            if self.n == 2:
+                if not pair_collides(*paths):
+                    return Found(paths, 0)
+                again = [0, 1]
+            else:
+                found = self._all_conflicts(paths)
+                if not found:
+                    return Found(paths, 0)
+                again = sorted({a for pair in found for a in pair})
+            for a in again:
+                paths[a] = self._plan(a, paths, NO_CONSTRAINTS, 0)
         cons = cons or [NO_CONSTRAINTS] * self.n
         if paths is None:
             paths = []
@@ -164,7 +173,7 @@ class CBS:
                 paths.append(path)
         root = Node(paths, cons, sum(len(p) - 1 for p in paths), 0, self._all_conflicts(paths), {})
         if not root.conflicts:
-            return Found(paths, 1)
+            return Found(paths, 0)
         self.counter = 0
         self.open_list = [(max(root.g, lower), len(root.conflicts), 0, root)]
         return None
@@ -189,10 +198,10 @@ class CBS:
                     push(open_list, (node.g + node.h, len(node.conflicts), self.counter, node))
                     continue
             if not node.conflicts:
-                return Found(node.paths, max(self.expanded, 1))
+                return Found(node.paths, self.expanded)
             witnessed = self._witness_plan(node, f)
             if witnessed is not None:
-                return Found(witnessed, max(self.expanded, 1))
+                return Found(witnessed, self.expanded)
             self.expanded += 1
             found, children = self._expand(node, max(f, node.g + node.h))
             if found is not None:
