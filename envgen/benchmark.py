@@ -4,6 +4,9 @@ Cells: for each agent count A and its map sizes (paper: 3 agents on 3x3..10x10, 
 each wait-ratio subset w (0.25 / 0.50 / 0.75), ``per_cell`` instances per (A, size, w). :func:`cell_configs` gives one
 environment configuration per (A, w), with a seed derived from the benchmark's own seed.
 
+Every cell's draws are counted (:func:`envgen.generator.draw_statistics`): the benchmark file keeps the counts and
+:func:`render_draws` says how many draws were left out and why, over-budget ones (possibly solvable) apart.
+
 Tables follow the paper: valid rate ("acc") and optimal rate ("opt") per (agents, size) cell, "Sum" = the mean over
 map sizes per agent count, and per wait subset (:func:`cell_table`, :func:`render_table`). Reference rows
 (:func:`reference_rows`): the optimal CBS plan (100% valid and optimal by construction: a check of the benchmark
@@ -45,6 +48,27 @@ def cell_configs(seed: int, per_cell: int, wait_ratios: Sequence[float], hole_ra
                                              sizes={n: SizeConfig(data_ratio=1.0, hole_ratio=hole_ratio, wait_ratio=w)
                                                     for n in sizes})))
     return out
+
+
+def cell_label(cell: Cell) -> str:
+    """The key of a cell's draw statistics: ``"3 agents, wait 0.50"``."""
+    return f"{cell.agents} agents, wait {cell.wait_ratio:.2f}"
+
+
+def render_draws(stats: Mapping[str, Mapping[str, Any]]) -> str:
+    """Markdown: per cell (its :func:`cell_label`) the draws made, accepted, and rejected by reason, with the draws
+    over the solver budget (neither solved nor proved unsolvable: instances possibly left out) in a column of their
+    own; then the totals."""
+    lines = ["| cell | draws | accepted | rejected (why) | over solver budget |", "|---|---|---|---|---|"]
+    totals: dict[str, int] = {"draws": 0, "accepted": 0, "over_budget": 0}
+    for label, c in stats.items():
+        why = ", ".join(f"{reason} {count}" for reason, count in sorted(c["rejected"].items())) or "none"
+        lines.append(f"| {label} | {c['draws']} | {c['accepted']} | {why} | {c['over_budget']} |")
+        for key in totals:
+            totals[key] += c[key]
+    lines.append(f"| all | {totals['draws']} | {totals['accepted']} | {totals['draws'] - totals['accepted']} | "
+                 f"{totals['over_budget']} |")
+    return "\n".join(lines)
 
 
 def cell_table(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

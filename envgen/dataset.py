@@ -1,7 +1,9 @@
 """The instances Parquet file: generation with verification, writer and reader.
 
-One row per instance; the file's metadata holds the configuration YAML (``env_config``) and the generator version, so
-a file says how to regenerate itself. Every instance's optimal plan is replayed through the simulator before it is
+One row per instance; the file's metadata holds the configuration YAML (``env_config``), the generator version, and
+what the draws came to (``generator_stats``: draws accepted and rejected by reason, over solver budget among them, per
+size, and the solver budget; :func:`envgen.generator.draw_statistics`), so a file says how to regenerate itself and
+what was left out. Every instance's optimal plan is replayed through the simulator before it is
 written (:func:`verify`: its validity and its SoC must match the solver's), so the ground truth is checked twice by
 independent code. The writer is deterministic: the same configuration, seed and library versions give byte-identical
 files (no timestamps, no timings). Columns (:data:`envgen.schemas.INSTANCES` is the source of truth):
@@ -10,6 +12,7 @@ files (no timestamps, no timings). Columns (:data:`envgen.schemas.INSTANCES` is 
 from __future__ import annotations
 
 import io
+import json
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ import pyarrow.parquet as pq
 
 from envgen.config import EnvConfig
 from envgen.files import atomic_write_bytes
-from envgen.generator import GENERATOR_VERSION, Generated, GeneratorOptions, generate
+from envgen.generator import Generated, GeneratorOptions, draw_statistics, generate
 from envgen.instance import Instance
 from envgen.schemas import INSTANCES, Dataset
 from envgen.simulate import Valid, check_paths, paths_to_moves
@@ -57,7 +60,7 @@ def record_of(g: Generated, seed: int) -> dict:
         "attempts": g.attempts,
         "seed": seed,
         "draw_seed": g.draw_seed,
-        "generator_version": GENERATOR_VERSION,
+        "generator_version": g.version,
     }
 
 
@@ -92,11 +95,26 @@ def write_dataset(path: str | Path, rows: Sequence[dict[str, Any]], dataset: Dat
     return table.num_rows
 
 
-def write_instances(path: str | Path, generated: Iterable[Generated], config: EnvConfig) -> int:
-    """Write the instances Parquet atomically; returns the row count."""
+def write_instances(path: str | Path, generated: Iterable[Generated], config: EnvConfig,
+                    options: GeneratorOptions | None = None) -> int:
+    """Write the instances Parquet atomically (``options``: those the instances were generated with, for the file's
+    generator version and ``generator_stats``; version 1 files have no ``generator_stats``, as when that version was
+    current); returns the row count."""
+    options = options or GeneratorOptions()
+    generated = list(generated)
     rows = [record_of(g, config.seed) for g in generated]
-    return write_dataset(path, rows, INSTANCES, {"env_config": config.to_yaml(), "generator_version": GENERATOR_VERSION},
-                         row_group_size=max(1, len(rows)))
+    meta = {"env_config": config.to_yaml(), "generator_version": options.version_name}
+    if options.version > 1:
+        meta["generator_stats"] = json.dumps(draw_statistics(generated, options), sort_keys=True)
+    return write_dataset(path, rows, INSTANCES, meta, row_group_size=max(1, len(rows)))
+
+
+def generator_stats_of(path: str | Path) -> dict[str, Any]:
+    """The draw statistics stored in an instances or benchmark file's metadata (``generator_stats``)."""
+    meta = pq.read_schema(path).metadata or {}
+    if b"generator_stats" not in meta:
+        raise ValueError(f"{path}: no generator_stats in the file metadata")
+    return json.loads(meta[b"generator_stats"])
 
 
 def read_instances(path: str | Path) -> pa.Table:

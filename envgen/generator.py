@@ -12,11 +12,19 @@ over the free cells no other agent has as goal, then its start uniform over the 
 with head-on draws (see :func:`draw_instance`), in which the second agent walks part of the first one's shortest path
 in reverse: natural draws rarely need a wait on open grids (under 1% on an empty 10x10), head-on draws often do.
 
-The draw is solved (:func:`envgen.cbs.solve`) and rejected when unsolvable or not solved within the generator's solver
-budget, when it is of the wrong kind, or when its content hash repeats an earlier instance or an excluded one (e.g. the
-benchmark's). Every draw of slot ``index`` comes from one random stream seeded by ``(seed, index)``, so a stage is
-reproducible and an instance can be regenerated from its record (given the hashes taken before it). After
-``max_attempts`` rejected draws a :class:`GenerationError` names the size, its knobs, the rejection counts and a fix.
+The draw is solved (:func:`envgen.cbs.solve`, within ``GeneratorOptions.solver``) and every draw ends in exactly one
+outcome, counted per slot (:class:`DrawCounts`): accepted; rejected as **unsolvable** (proved: a goal out of reach, or
+an exhaustive search); rejected as **over solver budget** (not proved either way: the only outcome that can drop a
+solvable instance, so it is counted and reported, never silent); rejected as the wrong kind (needs a wait, or not);
+a **duplicate** of an earlier or excluded instance (e.g. the benchmark's); or no placement for the starts and goals.
+The counts of a stage go into its instances file (:func:`draw_statistics`) and the reports of the steps that write
+one. The default budget solves every draw of 5 agents on 10x10 boards with half the cells holes in a sample of 1,000
+(docs/solver.md); its limits count work, not time (the time limit is a safety net), so a stage is the same on every
+machine. Earlier versions (:data:`GENERATOR_VERSIONS`) stay available, so a file regenerates byte for byte.
+
+Every draw of slot ``index`` comes from one random stream seeded by ``(seed, index)``, so a stage is reproducible and an
+instance can be regenerated from its record (given the hashes taken before it). After ``max_attempts`` rejected draws a
+:class:`GenerationError` names the size, its knobs, the rejection counts and a fix.
 """
 
 from __future__ import annotations
@@ -25,14 +33,18 @@ import hashlib
 import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from envgen.cbs import Solved, SolverBudget, Unsolved, solve
+from envgen import cbs_v1
+from envgen.cbs import Solved, SolveResult, SolverBudget, Unsolved, solve
 from envgen.config import EnvConfig, SizeConfig
 from envgen.grid import Grid, grid_of
 from envgen.instance import FREE, HOLE, Instance
 
-GENERATOR_VERSION = "mapf-frozenlake-gen/1"
+GENERATOR_VERSION = "mapf-frozenlake-gen/2"
+"""The current version, the default. 2: draws solved by the improved CBS and its exhaustive back-ups within a budget of
+work (more hard draws accepted, other optimal plans), and the draw counts in every file it writes."""
 
 
 class GenerationError(RuntimeError):
@@ -45,17 +57,89 @@ class GenerationError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class GeneratorVersion:
+    """What a generator version solves draws with. The draws themselves are the same in every version; the solver
+    decides which are accepted (over budget or not) and which optimal plan and node count a file records.
+
+    Attributes:
+        name: written into every row and file (``generator_version``).
+        solve: the solver, ``solve(instance, budget)``.
+        budget: its default solver budget.
+    """
+
+    name: str
+    solve: Callable[[Instance, SolverBudget], SolveResult]
+    budget: SolverBudget
+
+
+GENERATOR_VERSIONS: dict[int, GeneratorVersion] = {
+    1: GeneratorVersion("mapf-frozenlake-gen/1", cbs_v1.solve, SolverBudget(max_nodes=2000, max_seconds=5.0)),
+    2: GeneratorVersion(GENERATOR_VERSION, solve,
+                        SolverBudget(max_nodes=20_000, max_seconds=120.0, max_joint_states=100_000)),
+}
+"""Every version the generator can still produce, byte for byte. Version 1 (plain CBS, :mod:`envgen.cbs_v1`, 2,000
+nodes or 5 s per draw) is kept for the files written with it, such as the starting policy's demonstrations. Version
+2's budget counts work, not time (the time limit only guards against a runaway solve): its node and state limits
+decide every draw of the measured distributions (docs/solver.md), so a stage is the same on every machine."""
+
+
+@dataclass(frozen=True)
 class GeneratorOptions:
     """Settings of the generator itself (not of the environment, so not in the engineer's YAML).
 
     Attributes:
         max_attempts: rejected draws allowed per instance before :class:`GenerationError`.
-        solver: the budget of each draw's solve; draws not solved within it are rejected (a mild bias against the
-            very hardest instances, counted in the rejection statistics).
+        version: the generator version (:data:`GENERATOR_VERSIONS`); an earlier one regenerates its files exactly.
+        solver: the budget of each draw's solve (:class:`envgen.cbs.SolverBudget`; None: the version's default); a draw
+            neither solved nor proved unsolvable within it is rejected as "over solver budget" and counted
+            (:class:`DrawCounts`), since it may be a solvable instance left out.
     """
 
     max_attempts: int = 5000
-    solver: SolverBudget = field(default_factory=lambda: SolverBudget(max_nodes=2000, max_seconds=5.0))
+    version: int = 2
+    solver: SolverBudget | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError(f"GeneratorOptions.max_attempts = {self.max_attempts}: must be at least 1")
+        if self.version not in GENERATOR_VERSIONS:
+            raise ValueError(f"GeneratorOptions.version = {self.version}: use one of {sorted(GENERATOR_VERSIONS)}")
+
+    @property
+    def budget(self) -> SolverBudget:
+        """The solver budget in force: ``solver``, else the version's default."""
+        return self.solver or GENERATOR_VERSIONS[self.version].budget
+
+    @property
+    def version_name(self) -> str:
+        return GENERATOR_VERSIONS[self.version].name
+
+
+REJECTIONS = ("no placement for starts/goals", "duplicate", "unsolvable", "over solver budget", "needs a wait",
+              "needs no wait")
+"""Why a draw is rejected: the keys of :class:`DrawCounts`'s ``rejected``."""
+
+
+@dataclass(frozen=True)
+class DrawCounts:
+    """What the draws of one slot (or, summed, of a stage) came to: every draw is accepted or rejected for exactly one
+    reason of :data:`REJECTIONS`."""
+
+    accepted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def draws(self) -> int:
+        return self.accepted + sum(self.rejected.values())
+
+    @property
+    def over_budget(self) -> int:
+        """Draws that were neither solved nor proved unsolvable within the solver budget."""
+        return self.rejected.get("over solver budget", 0)
+
+    def __add__(self, other: DrawCounts) -> DrawCounts:
+        both = Counter(self.rejected) + Counter(other.rejected)
+        return DrawCounts(self.accepted + other.accepted, {k: both[k] for k in REJECTIONS if both[k]})
 
 
 @dataclass(frozen=True)
@@ -76,6 +160,9 @@ class Generated:
     solution: Solved
     draw_seed: int
     attempts: int
+    counts: DrawCounts = DrawCounts()
+    version: str = GENERATOR_VERSION
+    """The generator version that made it (:attr:`GeneratorVersion.name`)."""
 
 
 def slot_layout(config: EnvConfig) -> list[Slot]:
@@ -160,7 +247,7 @@ def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: s
         if digest in taken:
             rejected["duplicate"] += 1
             continue
-        result = solve(instance, options.solver)
+        result = GENERATOR_VERSIONS[options.version].solve(instance, options.budget)
         if isinstance(result, Unsolved):
             rejected["unsolvable" if result.reason.proven else "over solver budget"] += 1
             continue
@@ -168,7 +255,8 @@ def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: s
             rejected["needs a wait" if result.needs_wait else "needs no wait"] += 1
             continue
         taken.add(digest)
-        return Generated(slot, instance, result, seed, attempt)
+        return Generated(slot, instance, result, seed, attempt,
+                         DrawCounts(1, {k: rejected[k] for k in REJECTIONS if rejected[k]}), options.version_name)
     raise GenerationError(_infeasible_message(slot, config, options, rejected), slot.size)
 
 
@@ -188,6 +276,27 @@ def _infeasible_message(slot: Slot, config: EnvConfig, options: GeneratorOptions
     return (f"sizes.{n}: no instance that {want} in {options.max_attempts} draws for slot {slot.index} "
             f"(num_agents={config.num_agents}, hole_ratio={k.hole_ratio}, wait_ratio={k.wait_ratio}, "
             f"min_path_length={k.min_path_length}); rejected draws: {why}. Fix: {fix}.")
+
+
+def draw_statistics(generated: Iterable[Generated], options: GeneratorOptions | None = None) -> dict[str, Any]:
+    """What a stage's draws came to, in total and per size, with the solver budget they were solved within (JSON-ready;
+    no timings, so a stage's file stays byte-identical across runs)."""
+    options = options or GeneratorOptions()
+    total = DrawCounts()
+    by_size: dict[int, DrawCounts] = {}
+    for g in generated:
+        total = total + g.counts
+        by_size[g.slot.size] = by_size.get(g.slot.size, DrawCounts()) + g.counts
+    return {
+        "draws": total.draws,
+        "accepted": total.accepted,
+        "rejected": total.rejected,
+        "over_budget": total.over_budget,
+        "by_size": {str(n): {"draws": c.draws, "accepted": c.accepted, "rejected": c.rejected}
+                    for n, c in sorted(by_size.items())},
+        "generator_version": options.version_name,
+        "solver_budget": asdict(options.budget),
+    }
 
 
 def generate(config: EnvConfig, options: GeneratorOptions | None = None, exclude: Iterable[str] = (),

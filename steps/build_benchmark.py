@@ -4,7 +4,9 @@ For each agent count and wait subset (:func:`envgen.benchmark.cell_configs`, par
 its own seed), ``per_cell`` instances per map size, every one distinct from every other and from the ``--exclude``
 files (the validation set). Training stages exclude the benchmark in turn, and ``evaluate`` re-checks that no
 training instance is in it. Reference rows (``reference.json``): the optimal CBS plan and the reference planners on
-every benchmark instance (:func:`envgen.benchmark.reference_rows`).
+every benchmark instance (:func:`envgen.benchmark.reference_rows`). What each cell's draws came to (accepted, rejected
+and why, over the solver budget) is kept in the file's metadata (``generator_stats``) and printed
+(:func:`envgen.benchmark.render_draws`).
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envgen.benchmark import cell_configs, reference_rows
-from envgen.dataset import generate_verified, read_exclusions, record_of, write_dataset
+from envgen.benchmark import cell_configs, cell_label, reference_rows, render_draws
+from envgen.dataset import generate_verified, generator_stats_of, read_exclusions, record_of, write_dataset
 from envgen.files import atomic_write_text
-from envgen.generator import GenerationError
+from envgen.generator import GenerationError, draw_statistics
 from envgen.schemas import BENCHMARK
 from pipeline.params import BenchmarkSettings, ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
@@ -31,12 +33,17 @@ def build_benchmark(settings: BenchmarkSettings, out: Path, exclude: frozenset[s
     cells = cell_configs(settings.seed, settings.per_cell, settings.wait_ratios, settings.hole_ratio, settings.agents)
     taken = set(exclude)
     rows: list[dict[str, Any]] = []
+    draws: dict[str, dict[str, Any]] = {}
     with Progress(sum(c.config.budget for c in cells), "build-benchmark", "instances", progress) as bar:
         for cell in cells:
+            made = []
             for g in generate_verified(cell.config, exclude=taken, on_progress=bar.update):
                 taken.add(g.instance.content_hash)
+                made.append(g)
                 rows.append({**record_of(g, cell.config.seed), "index": len(rows), "wait_subset": cell.wait_ratio})
-    write_dataset(out, rows, BENCHMARK, {"benchmark": settings.model_dump_json()})
+            draws[cell_label(cell)] = draw_statistics(made)
+    write_dataset(out, rows, BENCHMARK, {"benchmark": settings.model_dump_json(),
+                                         "generator_stats": json.dumps(draws, sort_keys=True)})
     return rows
 
 
@@ -62,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
     reference = reference_rows(rows)
     atomic_write_text(args.out_reference, json.dumps(reference, indent=2))
     print(f"benchmark: {len(rows)} instances in {time.perf_counter() - start:.1f} s; reference rows in {args.out_reference}")
+    print("draws per cell (over solver budget: neither solved nor proved unsolvable, possibly solvable, left out):")
+    print(render_draws(generator_stats_of(args.out)))
     for name, table in reference.items():
         print(f"  {name}: " + ", ".join(f"{a} agents {100 * t['sum']['acc']:.1f}% valid" for a, t in table.items()))
     return 0

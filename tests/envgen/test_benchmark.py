@@ -1,7 +1,7 @@
 import random
 
 
-from envgen.benchmark import cell_configs, cell_table, reference_rows, render_table
+from envgen.benchmark import cell_configs, cell_label, cell_table, reference_rows, render_draws, render_table
 from envgen.cbs import Solved, solve
 from envgen.config import SizeConfig
 from envgen.dataset import record_of
@@ -65,3 +65,14 @@ def test_cell_table_sum_is_mean_over_sizes():
     t = cell_table(rows)["3"]
     assert t["sizes"]["3"]["acc"] == 1.0 and t["sizes"]["4"]["acc"] == 0.5 and t["sum"]["acc"] == 0.75 and t["sum"]["opt"] == 0.5
     assert t["wait"]["0.50"] == {"acc": 0.75, "opt": 0.5, "n": 4}
+
+
+def test_render_draws_says_how_many_were_left_out_and_why():
+    cell = cell_configs(seed=0, per_cell=1, wait_ratios=[0.5], hole_ratio=0.2, agents={3: [4]})[0]
+    stats = {cell_label(cell): {"draws": 9, "accepted": 4, "rejected": {"duplicate": 1, "over solver budget": 2,
+                                                                          "unsolvable": 2}, "over_budget": 2},
+             "5 agents, wait 0.25": {"draws": 3, "accepted": 3, "rejected": {}, "over_budget": 0}}
+    lines = render_draws(stats).splitlines()
+    assert lines[2] == "| 3 agents, wait 0.50 | 9 | 4 | duplicate 1, over solver budget 2, unsolvable 2 | 2 |"
+    assert lines[3] == "| 5 agents, wait 0.25 | 3 | 3 | none | 0 |"
+    assert lines[4] == "| all | 12 | 7 | 5 | 2 |"

@@ -1,11 +1,14 @@
+import json
 from collections import Counter
 
 import pyarrow.parquet as pq
 import pytest
 
 from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import config_of, instances_of, read_instances, write_instances
-from envgen.generator import GenerationError, GeneratorOptions, draw_seed, fill_slot, generate, slot_layout
+from envgen.cbs import SolverBudget
+from envgen.dataset import config_of, generator_stats_of, instances_of, read_instances, write_instances
+from envgen.generator import (GENERATOR_VERSION, GENERATOR_VERSIONS, REJECTIONS, DrawCounts, GenerationError,
+                              GeneratorOptions, draw_seed, draw_statistics, fill_slot, generate, slot_layout)
 from envgen.instance import Instance
 from envgen.schemas import INSTANCES
 from envgen.simulate import Valid, check_plan
@@ -101,3 +104,53 @@ def test_instance_text_in_file_round_trips(tmp_path):
     write_instances(path, generate(cfg), cfg)
     for text in read_instances(path).column("instance").to_pylist():
         assert Instance.from_str(text).to_str() == text
+
+
+def test_every_draw_is_counted_with_its_outcome(tmp_path):
+    # A budget too small to decide crowded draws: the ones it cannot decide are counted as over budget, never dropped
+    # silently, and the file and the statistics say so.
+    tight = GeneratorOptions(solver=SolverBudget(max_nodes=1, max_joint_work=0, max_joint_states=0))
+    cfg = EnvConfig(budget=6, seed=2, num_agents=4, sizes={6: SizeConfig(data_ratio=1, hole_ratio=0.3, wait_ratio=0.5)})
+    out = list(generate(cfg, tight))
+    for g in out:
+        assert g.counts.accepted == 1 and g.counts.draws == g.attempts
+        assert set(g.counts.rejected) <= set(REJECTIONS)
+    stats = draw_statistics(out, tight)
+    assert stats["draws"] == sum(g.attempts for g in out) and stats["accepted"] == 6
+    assert stats["over_budget"] == stats["rejected"].get("over solver budget", 0) > 0
+    assert stats["draws"] == stats["accepted"] + sum(stats["rejected"].values())
+    assert stats["by_size"]["6"]["draws"] == stats["draws"]
+    assert stats["solver_budget"]["max_nodes"] == 1 and stats["generator_version"] == GENERATOR_VERSION
+    path = tmp_path / "x.parquet"
+    write_instances(path, out, cfg, tight)
+    assert generator_stats_of(path) == json.loads(json.dumps(stats))
+    # The default budget decides every one of those draws: nothing over budget.
+    assert draw_statistics(list(generate(cfg)))["over_budget"] == 0
+
+
+def test_draw_counts_add_up():
+    a = DrawCounts(1, {"duplicate": 2, "unsolvable": 1})
+    b = DrawCounts(1, {"unsolvable": 3, "over solver budget": 1})
+    total = a + b
+    assert total.accepted == 2 and total.draws == 9 and total.over_budget == 1
+    assert total.rejected == {"duplicate": 2, "unsolvable": 4, "over solver budget": 1}
+
+
+def test_generator_versions_are_kept_and_validated(tmp_path):
+    cfg = small_config(budget=16)
+    v1, v2 = GeneratorOptions(version=1), GeneratorOptions()
+    assert v1.budget == GENERATOR_VERSIONS[1].budget and v2.budget == GENERATOR_VERSIONS[2].budget
+    old, new = list(generate(cfg, v1)), list(generate(cfg, v2))
+    # Both optimal: the same sums of costs wherever they accepted the same draw.
+    same = [(a, b) for a, b in zip(old, new) if a.instance == b.instance]
+    assert same and all(a.solution.soc == b.solution.soc for a, b in same)
+    assert {g.version for g in old} == {"mapf-frozenlake-gen/1"} and {g.version for g in new} == {GENERATOR_VERSION}
+    a = tmp_path / "v1.parquet"
+    write_instances(a, old, cfg, v1)
+    meta = pq.read_schema(a).metadata
+    assert meta[b"generator_version"] == b"mapf-frozenlake-gen/1" and b"generator_stats" not in meta
+    assert set(read_instances(a).column("generator_version").to_pylist()) == {"mapf-frozenlake-gen/1"}
+    with pytest.raises(ValueError, match="GeneratorOptions.version = 7"):
+        GeneratorOptions(version=7)
+    with pytest.raises(ValueError, match="max_attempts = 0"):
+        GeneratorOptions(max_attempts=0)

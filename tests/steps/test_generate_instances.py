@@ -1,6 +1,7 @@
 import pyarrow.parquet as pq
 
 from env_engineer.cli import main
+from envgen.dataset import generator_stats_of
 
 
 def run(capsys, *argv):
@@ -15,6 +16,11 @@ def test_generate_instances_cli_and_config_errors(capsys, tmp_path):
     out_file = tmp_path / "out" / "i.parquet"
     code, out, _ = run(capsys, "generate-instances", "--config", cfg, "--out", out_file, "--no-progress")
     assert code == 0 and "wrote 12 instances" in out and "needs-wait share 0.500" in out and out_file.exists()
+    stats = generator_stats_of(out_file)
+    assert stats["accepted"] == 12 and stats["over_budget"] == 0
+    assert f"{stats['draws']} draws, rejected: " in out and "over solver budget (possibly solvable, left out): 0" in out
+    code, _, err = run(capsys, "generate-instances", "--config", cfg, "--out", out_file, "--solver-nodes", 0)
+    assert code == 2 and "--solver-nodes = 0: must be at least 1" in err
     cfg.write_text("num_agents: 2\nbudget: 12\nsizes:\n  4: {data_ratio: 1, hole_ratio: 0.9}\n")
     code, _, err = run(capsys, "generate-instances", "--config", cfg, "--out", out_file)
     assert code == 2 and "sizes.4.hole_ratio = 0.9" in err and "[0.0, 0.5]" in err
