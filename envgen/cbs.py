@@ -16,7 +16,8 @@ Agents in different connected components never meet, so each component's agents 
 CBS cannot prove that no plan exists, and crowded pockets (several agents shuffling through a few cells) make its
 tree explode, so the exhaustive searches of :mod:`envgen.cbs_joint` back it up. Two agents on a small board
 (``SolverBudget.max_joint_work``: up to 10x10 by default) go to the exact joint A* after ``JOINT_HANDOVER`` nodes. A
-larger group that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes is first checked for reachability (if the
+larger group (up to ``EXHAUSTIVE_AGENTS`` agents) that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes is first
+checked for reachability (if the
 group, or some of its agents alone, cannot reach their goals at all, no plan exists: a proof), then given to the joint
 A*, each within ``SolverBudget.max_joint_states`` states; only then does CBS go on.
 
@@ -38,7 +39,7 @@ from envgen.cbs_search import CBS, CBSOptions, Found
 from envgen.grid import UNREACHABLE, Grid, grid_of
 from envgen.instance import Cell, Instance
 
-__all__ = ["CBSOptions", "EXHAUSTIVE_AFTER", "JOINT_HANDOVER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
+__all__ = ["CBSOptions", "EXHAUSTIVE_AFTER", "EXHAUSTIVE_AGENTS", "JOINT_HANDOVER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
            "UnsolvedReason", "solve", "solve_joint"]
 
 JOINT_HANDOVER = 8
@@ -46,6 +47,9 @@ JOINT_HANDOVER = 8
 
 EXHAUSTIVE_AFTER = 64
 """CBS nodes expanded on a group of agents (beyond the two-agent handover) before the exhaustive searches try it."""
+
+EXHAUSTIVE_AGENTS = 5
+"""The largest group the exhaustive searches try (a joint state of k agents has up to 5 ** k successors)."""
 
 
 @dataclass(frozen=True)
@@ -227,14 +231,14 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
             got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
         else:
             got = search.resume(min(budget.max_nodes, EXHAUSTIVE_AFTER))
-            if (not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > EXHAUSTIVE_AFTER
-                    and budget.max_joint_states):
-                hard = _exhaustive(grid, agents, starts, goals, budget.max_joint_states)
-                if not isinstance(hard, int):
+            if not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > EXHAUSTIVE_AFTER:
+                if budget.max_joint_states:
+                    hard = _exhaustive(grid, agents, starts, goals, budget.max_joint_states)
                     if isinstance(hard, str):
                         return Unsolved(UnsolvedReason.UNSOLVABLE, hard, got.nodes, ())
-                    return GroupPlan(hard.paths, got.nodes + hard.states, "joint")
-                extra = hard
+                    if isinstance(hard, JointPlan):
+                        return GroupPlan(hard.paths, got.nodes + hard.states, "joint")
+                    extra = hard
                 got = search.resume(budget.max_nodes)
     if isinstance(got, Found):
         return GroupPlan(got.paths, got.nodes + extra, "cbs")
@@ -258,15 +262,17 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
 
 def _exhaustive(grid: Grid, agents: list[int], starts: list[int], goals: list[int],
                 max_states: int) -> str | JointPlan | int:
-    """The exhaustive searches on a group CBS finds hard: a proof that no plan exists (its text), the optimal plan, or
-    the states spent without an answer.
+    """The exhaustive searches on a group CBS finds hard (of at most ``EXHAUSTIVE_AGENTS`` agents): a proof that no
+    plan exists (its text), the optimal plan, or the states spent without an answer.
 
     Reachability of the whole group first; when undecided, of every pair and then every triple of its agents (if some
     agents alone cannot reach their goals, the group cannot); then the optimal joint A*."""
+    if len(agents) > EXHAUSTIVE_AGENTS:
+        return 0
     spent = 0
     whole = reachable(grid, starts, goals, max_states)
     if whole is False:
-        return "the agents cannot reach their goal cells from their start cells in any order (exhaustive reachability)"
+        return "no sequence of moves brings the agents from their starts to their goals (exhaustive reachability)"
     if whole is None:
         for size in (2, 3):
             for subset in combinations(range(len(agents)), size):

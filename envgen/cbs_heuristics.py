@@ -116,12 +116,18 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
         level_a = la[t] if t < len_a else None
         level_b = lb[t] if t < len_b else None
         base = t * ncell
+        kids_a: dict[int, list[int] | tuple[int]] = {}
+        kids_b: dict[int, list[int] | tuple[int]] = {}
         for state in layers[-1]:
             u, w = state
-            moves_a = [v for v in options[u] if v in level_a and not (
-                edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
-            moves_b = [v for v in options[w] if v in level_b and not (
-                edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
+            moves_a = kids_a.get(u)
+            if moves_a is None:
+                moves_a = kids_a[u] = [v for v in options[u] if v in level_a and not (
+                    edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
+            moves_b = kids_b.get(w)
+            if moves_b is None:
+                moves_b = kids_b[w] = [v for v in options[w] if v in level_b and not (
+                    edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
             for v in moves_a:
                 for y in moves_b:
                     if v != y and not (v == w and y == u) and (v, y) not in nxt:

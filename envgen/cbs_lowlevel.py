@@ -149,7 +149,8 @@ class ConflictAvoidanceTable:
                 else:
                     moves[k] -= 1
             prev = c
-        self.park[prev] = INF
+        if self.park[prev] == len(path):
+            self.park[prev] = INF
         self.paths[a] = None
         n = len(path)
         if self.lengths[n] == 1:

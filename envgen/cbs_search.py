@@ -46,9 +46,10 @@ class CBSOptions:
         incremental: a child finds only the conflicts of the agents it replans, against a conflict-avoidance table kept
             across nodes. Off: every child rescans every pair of paths and every low-level search builds its own
             table (the search is the same; only slower).
-        pair_cost: WDG weights up to this many extra steps are found by merging the two agents' MDDs.
-        pair_nodes: node budget of each two-agent search behind a larger WDG weight; past it the search's lower bound
-            is the weight (still admissible).
+        pair_cost: WDG weights up to this many extra steps are found by merging the two agents' MDDs; a pair that needs
+            more gets ``pair_cost + 1`` (a lower bound).
+        pair_nodes: node budget of the two-agent search behind a WDG weight when an MDD merge is too large to decide;
+            past it the search's lower bound is the weight (still admissible).
     """
 
     prioritize_conflicts: bool = True
@@ -394,10 +395,10 @@ class CBS:
         """How much agents ``key`` must add to their costs together (a lower bound; INF when they cannot both reach
         their goals under their constraints), memoised on their constraints.
 
-        First by merging MDDs (ICTS for two agents): the weight is the least ``k`` such that some split of ``k`` extra
-        steps between the two agents leaves a conflict-free pair of paths; every smaller ``k`` refuted is a lower
-        bound. Past ``pair_cost`` extra steps, or when a merge is too large to decide, the two agents are solved by
-        CBS within ``pair_nodes`` nodes.
+        By merging MDDs (ICTS for two agents): the weight is the least ``k`` such that some split of ``k`` extra steps
+        between the two agents leaves a conflict-free pair of paths; every smaller ``k`` refuted is a lower bound, so
+        past ``pair_cost`` extra steps the weight is ``pair_cost + 1``. Only when a merge is too large to decide are the
+        two agents solved by CBS, within ``pair_nodes`` nodes.
         """
         a, b = key
         cons_a, cons_b = node.cons[a], node.cons[b]
@@ -423,8 +424,8 @@ class CBS:
             if undecided:
                 w = self._pair_search(node, a, b, k, memo)
                 break
-        if w < 0:
-            w = self._pair_search(node, a, b, self.options.pair_cost + 1, memo)
+        if w < 0:  # every split of up to pair_cost extra steps refuted: that bound, without a search
+            w = self.options.pair_cost + 1
         self.weights[memo] = w
         return w
 
