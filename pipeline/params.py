@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from envgen import safe_yaml
 
 from envgen.config import KNOBS, EnvConfig, format_validation_error
+from envgen.generator import GENERATOR_VERSIONS
 from envgen.prompt import PromptStyle
 from envgen.reward import RewardConfig
 
@@ -241,6 +242,10 @@ class StartSettings(_Section):
     instances: list[EnvConfig] = Field(min_length=1, description="Environments of the demonstrations, generated one "
                                        "after another and pooled, content-hash distinct (e.g. two- and three-agent).")
     train: TrainSettings = Field(description="The warm start's settings (grpo: false; the train section's fields).")
+    generator_version: int = Field(1, ge=1, le=max(GENERATOR_VERSIONS), description="The generator version that draws the "
+                                   "demonstrations (envgen.generator.GENERATOR_VERSIONS): 1, the version the kept starting "
+                                   "policy was trained on, so the stage regenerates its file byte for byte; a later one "
+                                   "draws other instances and plans, and so retrains the starting policy.")
 
 
 class Params(_Section):
