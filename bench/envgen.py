@@ -50,14 +50,17 @@ def clear_caches() -> None:
 
 
 def bench_generator(budget: int) -> dict[str, dict[str, float]]:
-    """Verified instances/s per training configuration: cold (caches cleared), then warm (the same stage again)."""
+    """Verified instances/s per training configuration: cold (caches cleared), then warm (the same stage again); the
+    default configuration also with generator version 1 (plain CBS), for a same-run ratio."""
     out = {}
-    for name, cfg in training_configs(budget).items():
+    runs = [(name, cfg, GeneratorOptions()) for name, cfg in training_configs(budget).items()]
+    runs.append(("default (holes 0.2), generator version 1", runs[0][1], GeneratorOptions(version=1)))
+    for name, cfg, options in runs:
         clear_caches()
         rates = {}
         for run in ("cold", "warm"):
             start = time.perf_counter()
-            n = sum(1 for _ in generate_verified(cfg))
+            n = sum(1 for _ in generate_verified(cfg, options))
             rates[run] = n / (time.perf_counter() - start)
         out[name] = rates
     return out

@@ -17,9 +17,8 @@ CBS cannot prove that no plan exists, and crowded pockets (several agents shuffl
 tree explode, so the exhaustive searches of :mod:`envgen.cbs_joint` back it up. Two agents on a small board
 (``SolverBudget.max_joint_work``: up to 10x10 by default) go to the exact joint A* after ``JOINT_HANDOVER`` nodes. A
 larger group (up to ``EXHAUSTIVE_AGENTS`` agents) that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes is first
-checked for reachability (if the
-group, or some of its agents alone, cannot reach their goals at all, no plan exists: a proof), then given to the joint
-A*, each within ``SolverBudget.max_joint_states`` states; only then does CBS go on.
+checked for reachability (if the group, or some of its agents alone, cannot reach their goals at all, no plan exists:
+a proof), then given to the joint A*, each within ``SolverBudget.max_joint_states`` states; only then does CBS go on.
 
 Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds. A result is typed: :class:`Solved` or
 :class:`Unsolved` with its :class:`UnsolvedReason`. A plan is never returned unless it is optimal.

@@ -18,9 +18,9 @@ an exhaustive search); rejected as **over solver budget** (not proved either way
 solvable instance, so it is counted and reported, never silent); rejected as the wrong kind (needs a wait, or not);
 a **duplicate** of an earlier or excluded instance (e.g. the benchmark's); or no placement for the starts and goals.
 The counts of a stage go into its instances file (:func:`draw_statistics`) and the reports of the steps that write
-one. The default budget solves every draw of 5 agents on 10x10 boards with half the cells holes in a sample of 1,000
-(docs/solver.md); its limits count work, not time (the time limit is a safety net), so a stage is the same on every
-machine. Earlier versions (:data:`GENERATOR_VERSIONS`) stay available, so a file regenerates byte for byte.
+one. The default budget decides 999 of 1,000 draws of 5 agents on 10x10 boards with half the cells holes (solved or
+proved unsolvable; docs/solver.md); its limits count work, not time (the time limit is a safety net), so a stage is
+the same on every machine. Earlier versions (:data:`GENERATOR_VERSIONS`) stay available, so a file regenerates byte for byte.
 
 Every draw of slot ``index`` comes from one random stream seeded by ``(seed, index)``, so a stage is reproducible and an
 instance can be regenerated from its record (given the hashes taken before it). After ``max_attempts`` rejected draws a
