@@ -5,7 +5,8 @@ settings (:class:`EngineerBuild`).
   paper's engineer);
 - ``base``: the same model without the adapter;
 - ``api``: any OpenAI-compatible endpoint (a proprietary model, or ``env-engineer serve``);
-- ``heuristic``, ``random``, ``fixed``: :mod:`engineers.baselines`.
+- ``heuristic``, ``random``, ``fixed``: :mod:`engineers.baselines`;
+- ``plr``, ``alp``: level samplers from unsupervised environment design (:mod:`engineers.level_samplers`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
+from engineers.level_samplers import ALPEngineer, PLREngineer
 from engineers.llm import CONTEXTS, LLMEngineer
 from engineers.proposal import Engineer
 from pipeline.params import EngineerSettings, PolicySettings
@@ -71,6 +73,8 @@ ENGINEERS: dict[str, Callable[[EngineerBuild], Engineer]] = {
     "heuristic": lambda build: HeuristicEngineer(),
     "random": lambda build: RandomEngineer(),
     "fixed": lambda build: FixedEngineer(),
+    "plr": lambda build: PLREngineer(),
+    "alp": lambda build: ALPEngineer(),
 }
 """Every engineer's factory, by name."""
 

@@ -1,6 +1,6 @@
 """Engineer comparison through DVC experiments: equal budgets, several seeds, means with 95% confidence intervals.
 
-``env-engineer compare --engineers policy,base,heuristic,random,fixed --seeds 0,1,2 --run --jobs 2`` queues one DVC
+``env-engineer compare --engineers policy,base,heuristic,random,fixed,plr,alp --seeds 0,1,2 --run --jobs 2`` queues one DVC
 experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S
 train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
 the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. Without ``--run`` it
@@ -198,7 +198,7 @@ def render(table: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed", help="comma-separated engineers")
+    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed,plr,alp", help="comma-separated engineers")
     parser.add_argument("--contexts", default=None, help="compare these context variants of the policy engineer instead")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (at least 3 for an interval)")
     parser.add_argument("--run", action="store_true", help="queue the experiments not yet there, run the queue and wait "

@@ -34,7 +34,7 @@ from envgen.reward import RewardConfig
 
 BackendName = Literal["transformers", "vllm", "openai"]
 """Generation backends (``policy.backends.BACKENDS``; a contract test keeps the two equal)."""
-EngineerName = Literal["policy", "base", "api", "heuristic", "random", "fixed"]
+EngineerName = Literal["policy", "base", "api", "heuristic", "random", "fixed", "plr", "alp"]
 """Engineers (``engineers.registry.ENGINEERS``; a contract test keeps the two equal)."""
 ContextName = Literal["failures", "guideline", "history-default", "history", "self-summary", "bookkeeping"]
 """What an LLM engineer sees (``engineers.llm.CONTEXTS``, the rows of the paper's context ablation)."""
@@ -203,7 +203,8 @@ class EngineerSettings(_Section):
     bounded. LLM engineers use the ``policy`` section's model."""
 
     engineer: EngineerName = Field("policy", description="Who proposes: policy (the current checkpoint), base (the base "
-                                   "model), api (an OpenAI-compatible endpoint), heuristic, random or fixed.")
+                                   "model), api (an OpenAI-compatible endpoint), heuristic, random, fixed, or the level samplers plr "
+                                   "(prioritized level replay) and alp (absolute learning progress).")
     context: ContextName = Field("bookkeeping", description="What the LLM engineers see (the paper's context ablation).")
     attempts: int = Field(3, ge=1, le=20, description="LLM attempts before the previous configuration is kept.")
     trust_region: dict[str, Annotated[float, Field(ge=0)]] | None = Field(

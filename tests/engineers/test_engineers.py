@@ -5,6 +5,7 @@ from dataclasses import astuple
 import pytest
 
 from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
+from engineers.level_samplers import ALPEngineer, PLREngineer, rank_weights
 from engineers.llm import CONTEXTS, LLMEngineer, extract_json
 from engineers.proposal import EngineerInput, Finalized, Proposal, finalize, to_number
 from engineers.registry import ENGINEERS, EngineerBuild, make_engineer
@@ -84,7 +85,7 @@ def test_a_copied_placeholder_is_never_recorded_as_the_engineers_rationale(given
 def test_the_registries_and_the_settings_name_the_same_engineers_and_contexts():
     from typing import get_args
 
-    assert set(ENGINEERS) == set(get_args(EngineerName)) == {"policy", "base", "api", "heuristic", "random", "fixed"}
+    assert set(ENGINEERS) == set(get_args(EngineerName)) == {"policy", "base", "api", "heuristic", "random", "fixed", "plr", "alp"}
     assert set(CONTEXTS) == set(get_args(ContextName))
     with pytest.raises(ValueError, match="base_url"):
         make_engineer(EngineerBuild(EngineerSettings.model_construct(engineer="api", base_url=None), PolicySettings()))
@@ -99,6 +100,35 @@ def test_heuristic_moves_each_size_toward_the_frontier():
     assert s[6].hole_ratio == pytest.approx(0.15) and s[8].wait_ratio == pytest.approx(0.4)  # <30%: easier
     shares = cfg.data_shares()
     assert shares[4] > shares[3] > shares[8] and shares[8] > 0  # most budget at the frontier, a floor everywhere
+
+
+def test_plr_replays_high_regret_sizes_and_stale_ones():
+    # regret 1 - reward: size 3 from its training completions (reward 0.4), the others from validation
+    proposal = PLREngineer(rho=0.0).propose(inp({3: 0.9, 4: 0.5, 6: 0.1, 8: 0.0}))
+    cfg = finalize(proposal, CURRENT).config
+    shares = cfg.data_shares()
+    assert shares[8] > shares[6] > shares[3] > shares[4] and cfg.sizes[6].hole_ratio == CURRENT.sizes[6].hole_ratio
+    assert proposal.rationale.startswith("plr: most budget to 8x8 (regret 1.00)")
+    w = rank_weights({"3": 0.5, "4": 0.9}, beta=1.0)
+    assert w == {"4": pytest.approx(2 / 3), "3": pytest.approx(1 / 3)}
+    assert rank_weights({"3": 0.5, "4": 0.5, "6": 0.1}, beta=1.0)["3"] == pytest.approx(0.75 / (0.75 + 0.75 + 1 / 3))  # ties share
+    # staleness: with rho = 1 the share follows the stages since a size last had budget (all had it in stage 1)
+    stale = finalize(PLREngineer(rho=1.0).propose(inp()), CURRENT).config.data_shares()
+    assert max(stale.values()) - min(stale.values()) < 1e-3
+    assert_within_bounds(cfg)
+
+
+def test_alp_follows_absolute_learning_progress():
+    # size 3 went 0.1 -> 0.3 in the history; 4, 6 and 8 were measured once: they get the largest progress seen
+    cfg = finalize(ALPEngineer().propose(inp()), CURRENT).config
+    shares = cfg.data_shares()
+    assert shares[3] == pytest.approx(shares[4]) == pytest.approx(shares[6])
+    flat = summary({3: 0.3, 4: 0.5, 6: 0.1, 8: 0.0})
+    flat = flat.model_copy(update={"history": [h.model_copy(update={"valid_by_size": {"3": 0.3, "4": 0.5, "6": 0.1, "8": 0.0}})
+                                                for h in flat.history]})
+    still = finalize(ALPEngineer().propose(EngineerInput(flat, CURRENT, 1, random.Random(1))), CURRENT).config.data_shares()
+    assert max(still.values()) - min(still.values()) < 1e-3  # no progress anywhere: an even split
+    assert_within_bounds(cfg)
 
 
 BAD_PROPOSALS = [
