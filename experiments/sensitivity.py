@@ -7,7 +7,9 @@ hand-set environment configurations (and seeds), every resulting adapter scored 
 the run's seed, excluding the held-out instances), ``train --init-adapter START --set train.seed=SEED`` (the params
 file's train section: the per-stage budget), then ``rollout`` of the held-out instances; the starting adapter is scored
 too. Everything a run writes stays under ``--work`` and a finished command is not run again, so an interrupted
-experiment resumes where it stopped. ``--budget-s`` stops starting new runs after that many seconds.
+experiment resumes where it stopped. ``--budget-s`` stops starting new runs after that many seconds; ``--jobs N`` runs N
+at once (with ``ENV_ENGINEER_GPUS=0,1 ENV_ENGINEER_GPU_SLOTS=4`` their steps share two GPUs, four processes each); a
+failed run is reported and the others go on.
 
 The summary gives, per run, the valid and optimal rates (95% Wilson intervals) overall, per held-out file and per map
 size; paired differences (same instances) against the starting adapter and against the first configuration with 95%
@@ -23,8 +25,10 @@ import json
 import math
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +217,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder for every run's files (resumable)")
     parser.add_argument("--out", type=Path, required=True, help="summary JSON to write (and a .md beside it)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new run after this many seconds")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once (default 1); with ENV_ENGINEER_GPUS (and ENV_ENGINEER_GPU_SLOTS) each step "
+                        "process claims a GPU of that pool (policy/devices.py)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -222,6 +229,9 @@ def run(args: argparse.Namespace) -> int:
         if not path.exists():
             print(f"error: {path} does not exist", file=sys.stderr)
             return 2
+    if args.jobs < 1:
+        print(f"error: --jobs {args.jobs}: give at least 1", file=sys.stderr)
+        return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
@@ -242,16 +252,20 @@ def run(args: argparse.Namespace) -> int:
     runs = {"start": score("start", args.start)}
     print(f"start: scored on {heldout} ({time.monotonic() - started:.0f} s)", flush=True)
     plan = [(config, seed) for config in configs for seed in seeds]
-    skipped = []
-    for config, seed in plan:
+    skipped: list[str] = []
+    lock = threading.Lock()
+
+    def one(config: Path, seed: int) -> None:
         name = f"{config.stem}/s{seed}"
         folder = work / name
         if (folder / "heldout-trajectories.parquet").exists():  # finished earlier
-            runs[name] = folder / "heldout-trajectories.parquet"
-            continue
+            with lock:
+                runs[name] = folder / "heldout-trajectories.parquet"
+            return
         if args.budget_s is not None and time.monotonic() - started > args.budget_s:
-            skipped.append(name)
-            continue
+            with lock:
+                skipped.append(name)
+            return
         folder.mkdir(parents=True, exist_ok=True)
         env = yaml.safe_load(config.read_text())
         env["seed"] = seed
@@ -264,12 +278,25 @@ def run(args: argparse.Namespace) -> int:
                          "--instances", str(instances), "--init-adapter", str(args.start), "--out-adapter",
                          str(adapter), "--out-completions", str(folder / "train_completions.parquet"),
                          "--out-metrics", str(folder / "train_metrics.json")), adapter, folder / "log.txt")
-        runs[name] = score(name, adapter)
+        trajectories = score(name, adapter)
+        with lock:
+            runs[name] = trajectories
         print(f"{name}: trained and scored ({time.monotonic() - started:.0f} s)", flush=True)
+
+    failures = []
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for future in [pool.submit(one, config, seed) for config, seed in plan]:
+            try:
+                future.result()
+            except RuntimeError as e:  # one failed run does not stop the others; the summary covers what finished
+                failures.append(str(e))
+                print(f"error: {e}", file=sys.stderr, flush=True)
+    runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c, s in plan)] if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")
     summary = summarise(runs, origin, configs[0].stem, "start")
     summary["not_run"] = skipped
+    summary["failed"] = failures
     summary["settings"] = {"params": str(args.params), "start": str(args.start), "configs": [str(c) for c in configs],
                            "heldout": [str(h) for h in args.heldout], "seeds": seeds, "set": args.set,
                            "seconds": round(time.monotonic() - started, 1)}

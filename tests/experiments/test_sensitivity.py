@@ -102,3 +102,10 @@ def test_sensitivity_command_runs_the_steps_and_resumes(tiny_model_dir, tmp_path
     assert json.loads((tmp_path / "s.json").read_text())["not_run"] == ["tiny/s1"]
     assert main(args[:args.index("--seeds")] + ["--seeds", "0,x"] + args[args.index("--work"):]) == 2
     assert "--seeds" in capsys.readouterr().err
+    # two at once: the missing seed runs beside the finished one, and the summary lists every run in plan order
+    assert main(args[:args.index("--seeds")] + ["--seeds", "0,1", "--jobs", "2"] + args[args.index("--work"):]) == 0
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert list(summary["runs"]) == ["start", "tiny/s0", "tiny/s1"]
+    assert summary["not_run"] == [] and summary["failed"] == [] and len(summary["noise"]) == 1
+    assert main(args + ["--jobs", "0"]) == 2
+    assert "--jobs 0" in capsys.readouterr().err
