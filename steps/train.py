@@ -10,6 +10,13 @@ step) and one history per curve (for ``dvc plots``: warm-start loss per step, GR
 
 Settings: params.yaml's ``policy`` (model, prompt, reward) and ``train`` sections
 (:class:`pipeline.params.TrainSettings`). Imports no Prefect, DVC or polars.
+
+Several GPUs: ``accelerate launch --multi_gpu --num_processes N -m env_engineer train ...`` runs it data-parallel
+(DDP): each process takes the GPU of its ``LOCAL_RANK``, the batch sizes stay global (``sft_batch_size`` examples and
+``prompts_per_step * num_generations`` completions per optimizer step, split over the processes: gradient
+accumulation shrinks by N, so they must divide), every process's GRPO completions are gathered, and only the main
+process writes the outputs. ``policy.model`` may be any local folder, so a large model's shape can be trained with
+random weights (``bench/multigpu.py``).
 """
 
 from __future__ import annotations
@@ -63,6 +70,19 @@ class RecordingReward:
             log_metric("mapf/valid_rate", sum(r["valid"] for r in batch) / len(batch))
             log_metric("mapf/parsed_rate", sum(r["parsed"] for r in batch) / len(batch))
         return rewards
+
+
+def world_size() -> int:
+    """Processes of a distributed launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``); 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
+def accumulation(batch: int, micro: int, world: int, what: str) -> int:
+    """Gradient-accumulation steps so that ``world`` processes of ``micro`` examples each make one ``batch``."""
+    if batch % (micro * world):
+        raise ValueError(f"{what}: {batch} per optimizer step cannot be split into {world} process(es) x micro-batches "
+                         f"of {micro}; choose a batch that is a multiple of {micro * world}")
+    return batch // (micro * world)
 
 
 def pick_device(settings: TrainSettings) -> str:
@@ -146,7 +166,10 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     demos = demonstrations(rows[: config.sft_max_examples], style)
     micro = config.sft_micro_batch_size or config.sft_batch_size
     args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
-                     per_device_train_batch_size=micro, gradient_accumulation_steps=config.sft_batch_size // micro,
+                     per_device_train_batch_size=micro,
+                     gradient_accumulation_steps=accumulation(config.sft_batch_size, micro, world_size(),
+                                                              "train.sft_batch_size"),
+                     include_num_input_tokens_seen="non_padding",
                      learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True,
                      train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random")
@@ -155,8 +178,11 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                          callbacks=[clock, trainer_progress("train (warm start)", progress)])
     start = time.perf_counter()
     trainer.train()
+    seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": time.perf_counter() - start,
+    tokens = int(trainer.state.num_input_tokens_seen)  # every process's, non-padding
+    return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": seconds,
+            "sft/tokens": tokens, "sft/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
             "sft/loss_history": losses, "sft/step_seconds": clock.seconds}
 
@@ -187,9 +213,11 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         rollout_func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length,
                                        temperature=config.temperature, top_p=1.0, seed=config.seed,
                                        prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
-    micro = math.gcd(per_step, config.micro_batch_size)
+    world = world_size()
+    micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
     args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
-                      gradient_accumulation_steps=per_step // micro,
+                      gradient_accumulation_steps=accumulation(per_step, micro, world,
+                                                               "train.prompts_per_step x train.num_generations"),
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)
@@ -201,10 +229,15 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
-    metrics = summarize_grpo(reward.rows, steps, seconds, use_vllm)
+    rows = reward.rows
+    if world > 1:  # each process scored its own share of the completions
+        from accelerate.utils import gather_object
+
+        rows = gather_object(rows)
+    metrics = summarize_grpo(rows, steps, seconds, use_vllm)
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
-    return metrics, reward.rows
+    return metrics, rows
 
 
 def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:
@@ -290,11 +323,22 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         torch.set_num_threads(settings.threads)
     set_seed(settings.seed)
     device = pick_device(settings)
+    state = None
+    if world_size() > 1:  # a distributed launch: this process's GPU, and a process group before anything else
+        from accelerate import PartialState
+
+        if device == "cuda":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        state = PartialState()
+    main_process = state is None or state.is_main_process
     out_adapter = Path(out_adapter)
     out_adapter.parent.mkdir(parents=True, exist_ok=True)
     rows = read_instances(instances).to_pylist()
-    for stale in out_adapter.parent.glob(f".{out_adapter.name}.work-*"):  # left by a run that was killed
-        shutil.rmtree(stale, ignore_errors=True)
+    if main_process:
+        for stale in out_adapter.parent.glob(f".{out_adapter.name}.work-*"):  # left by a run that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+    if state is not None:
+        state.wait_for_everyone()
     work = Path(tempfile.mkdtemp(dir=out_adapter.parent, prefix=f".{out_adapter.name}.work-"))
     start = time.perf_counter()
     try:
@@ -302,13 +346,16 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
                                     dropout=settings.lora_dropout, targets=settings.lora_targets, device=device,
                                     seed=settings.seed)
         metrics: dict[str, Any] = {"model": policy.model, "init_adapter": str(init_adapter) if init_adapter else None,
-                                   "device": device, "instances": len(rows)}
+                                   "device": device, "instances": len(rows), "processes": world_size()}
         if settings.sft:
             metrics.update(warm_start(model, tok, rows, settings, policy.prompt, device, work, progress))
         completions: list[dict[str, Any]] = []
         if settings.grpo:
             grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work, progress)
             metrics.update(grpo_metrics)
+        if not main_process:  # the main process writes every output
+            state.wait_for_everyone()
+            return metrics
         staged = work / "adapter"
         model.save_pretrained(staged)
         tok.save_pretrained(staged)
@@ -318,6 +365,8 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         write_dataset(out_completions, completions, COMPLETIONS, {"train": json.dumps(record)})
         write_outputs(metrics, out_metrics, out_details, out_sft_history, out_grpo_history)
         replace_dir(staged, out_adapter)
+        if state is not None:
+            state.wait_for_everyone()
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return metrics
@@ -349,7 +398,8 @@ def run(args: argparse.Namespace) -> int:
         params = load_params(args.params, args.set)
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
-        claim_gpu()
+        if world_size() == 1:  # a distributed launch gives each process its GPU
+            claim_gpu()
         settings, policy = params.train, params.policy
         if args.settings == "start":  # the starting policy: its own settings and model
             settings, policy = params.start.train, params.policy.model_copy(update={"model": params.start.model})

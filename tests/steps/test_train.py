@@ -168,3 +168,44 @@ def test_train_command_takes_params_and_overrides(tiny_model_dir, stage, tmp_pat
     assert json.loads((out / "m.json").read_text())["sft/examples"] == 4 and "train/steps" not in json.loads((out / "m.json").read_text())
     assert main(args + ["--set", "train.learning_rat=1"]) == 2
     assert "train.learning_rat" in capsys.readouterr().err
+
+
+def test_accumulation_keeps_the_global_batch_or_names_the_fix():
+    from steps.train import accumulation
+
+    assert accumulation(32, 4, 1, "b") == 8 and accumulation(32, 4, 2, "b") == 4 and accumulation(8, 4, 2, "b") == 1
+    with pytest.raises(ValueError, match="train.sft_batch_size: 8 .* 4 process"):
+        accumulation(8, 4, 4, "train.sft_batch_size")
+
+
+def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
+    """The multi-GPU path on the CPU: two processes (torchrun, gloo) share one global batch; every process's GRPO
+    completions are gathered and only the main process writes."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import tiny_params, write_params
+
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "env_engineer", "train", "--params", str(params), "--instances", str(stage), "--no-progress",
+           "--out-adapter", str(out / "adapter"), "--out-completions", str(out / "c.parquet"),
+           "--out-metrics", str(out / "m.json"), "--out-details", str(out / "d.json"),
+           "--set", "train.sft_batch_size=4", "--set", "train.sft_micro_batch_size=2", "--set", "train.trajectories=8",
+           "--set", "train.num_generations=4", "--set", "train.prompts_per_step=2", "--set", "train.micro_batch_size=4",
+           "--set", "train.max_completion_length=8", "--set", "train.threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    metrics = json.loads((out / "m.json").read_text())
+    assert metrics["processes"] == 2 and metrics["sft/tokens"] > 0 and metrics["sft/steps"] >= 1
+    assert len(pq.read_table(out / "c.parquet")) == metrics["train/trajectories"] == 8  # both processes' completions
+    assert (out / "adapter" / "adapter_config.json").exists()
+    assert sorted(p.name for p in out.iterdir()) == ["adapter", "c.parquet", "d.json", "m.json"]
+    # a global batch the processes cannot share is refused, naming the field
+    bad = cmd[:cmd.index("train.sft_micro_batch_size=2")] + ["train.sft_micro_batch_size=4"] + \
+        cmd[cmd.index("train.sft_micro_batch_size=2") + 1:]
+    proc = subprocess.run(bad, capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode != 0 and "train.sft_batch_size: 4 per optimizer step" in proc.stderr + proc.stdout
