@@ -249,8 +249,14 @@ def run(args: argparse.Namespace) -> int:
                          str(adapter), "--out", str(out)), out, work / name / "log.txt")
         return out
 
-    runs = {"start": score("start", args.start)}
-    print(f"start: scored on {heldout} ({time.monotonic() - started:.0f} s)", flush=True)
+    runs: dict[str, Path] = {}
+
+    def start_run() -> None:
+        trajectories = score("start", args.start)
+        with lock:
+            runs["start"] = trajectories
+        print(f"start: scored on {heldout} ({time.monotonic() - started:.0f} s)", flush=True)
+
     plan = [(config, seed) for config in configs for seed in seeds]
     skipped: list[str] = []
     lock = threading.Lock()
@@ -285,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
 
     failures = []
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for future in [pool.submit(one, config, seed) for config, seed in plan]:
+        for future in [pool.submit(start_run), *(pool.submit(one, config, seed) for config, seed in plan)]:
             try:
                 future.result()
             except RuntimeError as e:  # one failed run does not stop the others; the summary covers what finished
@@ -294,6 +300,9 @@ def run(args: argparse.Namespace) -> int:
     runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c, s in plan)] if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")
+    if "start" not in runs:
+        print("error: the starting adapter was not scored; nothing to compare against", file=sys.stderr)
+        return 1
     summary = summarise(runs, origin, configs[0].stem, "start")
     summary["not_run"] = skipped
     summary["failed"] = failures
