@@ -61,8 +61,8 @@ def claim_gpu(poll_seconds: float = 2.0, timeout_seconds: float | None = None) -
     started = time.monotonic()
     said = False
     while True:
-        for gpu in pool:
-            for slot in range(slots):
+        for slot in range(slots):  # slot-major: the first processes spread over the GPUs, one each
+            for gpu in pool:
                 handle = open(folder / f"gpu-{gpu}-{slot}.lock", "a+")
                 try:
                     fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -47,3 +47,15 @@ def test_no_pool_changes_nothing_and_bad_settings_are_explained(monkeypatch):
     monkeypatch.setenv("ENV_ENGINEER_GPU_SLOTS", "0")
     with pytest.raises(ValueError, match="at least 1"):
         devices.claim_gpu()
+
+
+def test_slots_fill_every_gpu_before_doubling_up(tmp_path):
+    """With two GPUs of two slots, the first two processes get one GPU each (not both the first GPU)."""
+    env = {**os.environ, "ENV_ENGINEER_GPUS": "0,1", "ENV_ENGINEER_GPU_SLOTS": "2", "ENV_ENGINEER_GPU_LOCKS": str(tmp_path)}
+    first = start(env, 1.0)
+    a = first.stdout.readline().split()[0]
+    second = start(env, 1.0)
+    b = second.stdout.readline().split()[0]
+    assert {a, b} == {"0", "1"}
+    for p in (first, second):
+        p.wait(timeout=30)
