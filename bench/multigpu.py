@@ -129,7 +129,7 @@ def train_command(gpus: int, model: str, instances: Path, work: Path, params: Pa
     else:
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
-    sets = {"policy.model": model, "train.grpo": "false", "train.sft": "true", "train.sft_max_examples": examples,
+    sets = {"policy.model": model, "train.init": "fresh", "train.grpo": "false", "train.sft": "true", "train.sft_max_examples": examples,
             "train.sft_batch_size": batch, "train.sft_micro_batch_size": micro, "train.sft_epochs": 1.0}
     out = work / f"gpus{gpus}"
     return [*launcher, "env_engineer", "train", "--params", str(params), "--no-progress", "--instances", str(instances),
@@ -163,7 +163,10 @@ def bench_train(args: argparse.Namespace) -> list[dict[str, Any]]:
                             args.set)
         print(f"$ {' '.join(cmd)}", flush=True)
         start = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True)
+        visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", ",".join(map(str, range(have or gpus)))).split(",")
+                   if g.strip()]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(visible[:gpus])}  # one process never sees two GPUs
+        proc = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=True, env=env)
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             tail = (proc.stdout + proc.stderr)[-4000:]

@@ -1,7 +1,9 @@
 """Which GPU a step's process uses when several experiments run at once.
 
-Without ``ENV_ENGINEER_GPUS`` nothing changes: a process sees the GPUs its environment gives it (``CUDA_VISIBLE_DEVICES``)
-and uses the first. With ``ENV_ENGINEER_GPUS`` set to a pool of GPU indices (``0,1,2,3``), :func:`claim_gpu` takes one
+Without ``ENV_ENGINEER_GPUS`` a process uses the GPUs its environment gives it (``CUDA_VISIBLE_DEVICES``), and where it
+sees several and is not one process of a distributed launch (``WORLD_SIZE``), :func:`claim_gpu` keeps only the first
+visible: a step runs one model per process (transformers' Trainer would otherwise wrap it in ``nn.DataParallel``, which
+TRL refuses); several GPUs serve one step through ``accelerate launch`` (``steps/train.py``). With ``ENV_ENGINEER_GPUS`` set to a pool of GPU indices (``0,1,2,3``), :func:`claim_gpu` takes one
 GPU of the pool for the rest of the process: the first whose lock file it can lock (``fcntl.flock``, so a process that
 dies frees its GPU at once), waiting while every GPU is taken, and points ``CUDA_VISIBLE_DEVICES`` at it before CUDA
 starts. ``ENV_ENGINEER_GPU_SLOTS=k`` lets k processes share each GPU (small models fill a fraction of a card).
@@ -40,6 +42,24 @@ def _slots() -> int:
     return int(text)
 
 
+def only_the_first_gpu() -> str | None:
+    """Where this process sees several GPUs and is not part of a distributed launch, make only the first visible (before
+    CUDA starts: the count comes from NVML); returns the GPU kept, or None when nothing changed."""
+    if (os.environ.get("WORLD_SIZE") or "1") != "1":
+        return None
+    listed = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if "CUDA_VISIBLE_DEVICES" not in os.environ:
+        import torch
+
+        listed = [str(i) for i in range(torch.cuda.device_count())]
+    if len(listed) < 2:
+        return None
+    os.environ["CUDA_VISIBLE_DEVICES"] = listed[0]
+    print(f"using GPU {listed[0]} of {','.join(listed)} (one per process; several serve one step through "
+          "`accelerate launch`, or give ENV_ENGINEER_GPUS a pool)", file=sys.stderr, flush=True)
+    return listed[0]
+
+
 def lock_folder() -> Path:
     return Path(os.environ.get("ENV_ENGINEER_GPU_LOCKS") or Path(tempfile.gettempdir()) / "env-engineer-gpus")
 
@@ -54,6 +74,7 @@ def claim_gpu(poll_seconds: float = 2.0, timeout_seconds: float | None = None) -
         return _claimed
     pool = _pool()
     if not pool:
+        only_the_first_gpu()
         return None
     slots = _slots()
     folder = lock_folder()

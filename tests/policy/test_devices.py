@@ -59,3 +59,15 @@ def test_slots_fill_every_gpu_before_doubling_up(tmp_path):
     assert {a, b} == {"0", "1"}
     for p in (first, second):
         p.wait(timeout=30)
+
+
+def test_without_a_pool_a_process_keeps_only_the_first_visible_gpu(monkeypatch, capsys):
+    monkeypatch.delenv("ENV_ENGINEER_GPUS", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setattr(devices, "_claimed", None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert devices.claim_gpu() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "2"
+    assert "using GPU 2 of 2,3" in capsys.readouterr().err
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # a distributed launch: each process is given its GPU
+    assert devices.only_the_first_gpu() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
