@@ -15,7 +15,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     """``name -> (help, module, arguments function, run function)`` for every subcommand."""
     from envgen import commands as testbed
     from experiments import compare, report, sensitivity
-    from flows import ready
+    from flows import ready, workers
     from pipeline import checks
     from policy import serve
     from steps import (build_benchmark, engineer_config, evaluate, generate_instances, init_curriculum, rollout,
@@ -50,6 +50,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                         "one starting adapter, scored on the same held-out instances.", sensitivity, *step),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
         "prefect-ready": ("Wait until a Prefect server answers (for scripts that start one in the background).", ready, *step),
+        "workers": ("Start one Prefect worker per GPU (each pinned to its GPU) for a process work pool.", workers, *step),
         # the testbed
         "solve": ("Solve the first K agents of a MovingAI scenario optimally (CBS, sum of costs).", testbed,
                   "add_solve_arguments", "run_solve"),

@@ -3,7 +3,10 @@
 ``env-engineer compare --engineers policy,base,heuristic,random,fixed,plr,alp --seeds 0,1,2 --run --jobs 2`` queues one DVC
 experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S
 train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
-the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. Without ``--run`` it
+the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. With ``--via prefect``
+each experiment is instead a run of the Prefect deployment of the ``curriculum`` flow (``dvc exp run --temp -n NAME
+-S ...``), taken by whichever worker of the pool is free (``env-engineer workers --gpus 0,1``: one worker per GPU), so
+the comparison shows in the Prefect UI and spreads over the GPUs; the results are read back the same way. Without ``--run`` it
 only collects the experiments already there. ``--contexts`` compares context variants of the ``policy`` engineer
 instead (the paper's ablation).
 
@@ -105,6 +108,63 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     return mine
 
 
+def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any], repo: Path | None = None) -> str:
+    """Schedule one planned experiment as a run of the Prefect ``deployment`` (the ``curriculum`` flow with
+    ``overrides`` and ``name``: it becomes ``dvc exp run --temp -n NAME -S ...`` on whichever worker takes it); returns
+    the flow run's id."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        parameters = {"overrides": {**item["set"], **extra}, "name": item["name"]}
+        if repo is not None:
+            parameters["repo"] = str(repo.resolve())
+        flow_run = run_deployment(deployment, parameters=parameters,
+                                  flow_run_name=item["name"], timeout=0, as_subflow=False)
+    except ObjectNotFound:
+        raise ValueError(f"--deployment {deployment}: no such deployment on the Prefect server at PREFECT_API_URL; "
+                         "create it with `prefect deploy --all` (prefect.yaml) or name another") from None
+    return str(flow_run.id)
+
+
+def flow_run_states(ids: dict[str, str]) -> dict[str, str]:
+    """Name -> Prefect state type (SCHEDULED, PENDING, RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED, ...)."""
+    import asyncio
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    async def read() -> dict[str, str]:
+        async with get_client() as client:
+            return {name: (await client.read_flow_run(UUID(i))).state.type.value for name, i in ids.items()}
+
+    return asyncio.run(read())
+
+
+FINAL_FLOW_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+
+
+def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, Any], poll_seconds: float = 5.0,
+                  submit: Any = None, states: Any = None, repo: Path | None = None) -> dict[str, str]:
+    """Submit one wave as flow runs of ``deployment`` and wait until each is final, printing progress; returns each
+    one's final state (Success or Failed, as :func:`run_queue`)."""
+    submit = submit or submit_flow_run
+    states = states or flow_run_states
+    ids = {item["name"]: submit(deployment, item, extra, repo) for item in wave}
+    for name in ids:
+        print(f"submitted {name} to {deployment}", flush=True)
+    last = None
+    while True:
+        now = states(ids)
+        line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(now).items()))
+        if line != last:
+            print(f"flow runs: {line}", flush=True)
+            last = line
+        if all(s in FINAL_FLOW_STATES for s in now.values()):
+            return {name: "Success" if s == "COMPLETED" else "Failed" for name, s in now.items()}
+        time.sleep(poll_seconds)
+
+
 def _count(states: dict[str, str]) -> dict[str, int]:
     out: dict[str, int] = defaultdict(int)
     for s in states.values():
@@ -204,6 +264,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run", action="store_true", help="queue the experiments not yet there, run the queue and wait "
                         "(else only collect what `dvc exp show` has)")
     parser.add_argument("--jobs", type=int, default=1, help="with --run: experiments at once (`dvc queue start -j`)")
+    parser.add_argument("--via", choices=("dvc-queue", "prefect"), default="dvc-queue",
+                        help="with --run: DVC's own queue (default), or flow runs of a Prefect deployment that the "
+                        "pool's workers take (`env-engineer workers --gpus 0,1`: one per GPU), each a `dvc exp run --temp`")
+    parser.add_argument("--deployment", default="curriculum/curriculum",
+                        help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
@@ -233,10 +298,13 @@ def run(args: argparse.Namespace) -> int:
             done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
                     if last_stage_result(rec, stages) is not None}
             for wave in waves(plan, done):
-                for item in wave:
-                    dvc(queue_args(item, extra), args.repo)
-                    print(f"queued {item['name']}", flush=True)
-                states = run_queue(args.repo, args.jobs, [item["name"] for item in wave])
+                if args.via == "prefect":
+                    states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
+                else:
+                    for item in wave:
+                        dvc(queue_args(item, extra), args.repo)
+                        print(f"queued {item['name']}", flush=True)
+                    states = run_queue(args.repo, args.jobs, [item["name"] for item in wave])
                 failed = [name for name, state in states.items() if state == "Failed"]
                 if failed:
                     print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)

@@ -9,7 +9,9 @@ configuration diff, the rationale and the notes) are published.
 
 With ``overrides`` (``{"train.trajectories": 64}``, e.g. from the UI), the overrides are first checked against the
 typed parameters (:func:`pipeline.params.load_params`; a bad one fails the run before anything runs), then the
-whole pipeline runs as a DVC experiment (``dvc exp run --temp -S key=value``), leaving the workspace as it is.
+whole pipeline runs as a DVC experiment (``dvc exp run --temp -S key=value``), leaving the workspace as it is. Several
+such runs at once (one Prefect worker per GPU, ``env-engineer workers``) each run in a temporary copy of the workspace
+and share DVC's cache and run-cache; ``env-engineer compare --via prefect`` submits a whole comparison this way.
 
 Prefect's home is the project's ``.prefect`` folder and its analytics are off unless the environment says otherwise.
 """
@@ -100,16 +102,18 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 @flow(name="curriculum", log_prints=True)
-def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides: dict[str, Any] | None = None) -> dict:
+def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides: dict[str, Any] | None = None,
+               name: str | None = None) -> dict:
     """Run the curriculum: every stage of ``dvc.yaml`` (or, of the curriculum's stages, only those in ``stages``), or,
-    with ``overrides``, the whole pipeline as a temporary DVC experiment with those parameter values."""
+    with ``overrides``, the whole pipeline as a temporary DVC experiment with those parameter values (named ``name``,
+    e.g. by ``env-engineer compare --via prefect``, else by DVC)."""
     from pipeline.params import load_params
 
     root = Path(repo).resolve()
     if overrides:
         load_params(root / "params.yaml", overrides)  # a bad override stops here, naming the field and the fix
         sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
-        output = experiment(sets, str(root))
+        output = experiment((["-n", name] if name else []) + sets, str(root))
         return {"experiment": output[-2000:]}
     plan = pipeline_stages(root)
     done: list[int] = []

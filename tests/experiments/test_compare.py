@@ -66,24 +66,7 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     and the table built from `dvc exp show`; a second call only collects, and bad overrides stop before queueing."""
     from env_engineer.cli import main
 
-    from tests.helpers import ROOT
-
-    params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["curriculum"] = [{"stage": 0, "prev": "init", "next": 1}]
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    def stage_body(name: str, metric: str) -> dict:
-        script = SCRIPT.format(name=name, metric=metric)
-        return {"cmd": f'python -c "{script}"', "params": ["engineer", "train"],
-                "metrics": [{f"m/{name}${{item.stage}}.json": {"cache": False}}]}
-
-    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "rollout": {"foreach": "${curriculum}", "do": stage_body("val", "{'validation': {'valid': v / 2}}")},
-        "evaluate": {"foreach": "${curriculum}", "do": stage_body("bench", "{'bench': {'acc/3_agents': v}}")},
-    }}, sort_keys=False))
-    env = dvc_env()
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
-        subprocess.run(cmd, cwd=tmp_path, check=True, env=env)
+    standin_repo(tmp_path)
     out_json = tmp_path / "c.json"
     args = ["compare", "--repo", str(tmp_path), "--engineers", "fixed,heuristic", "--seeds", "1,2", "--out-json", str(out_json),
             "--out-md", str(tmp_path / "c.md")]
@@ -99,3 +82,72 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert "train.no_such_knob" in capsys.readouterr().err
     assert main(args[:3] + ["--engineers", "oracle"]) == 2
     assert "unknown engineer" in capsys.readouterr().err
+
+
+def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited():
+    """--via prefect: every experiment of the wave is submitted as a run of the deployment with its overrides and
+    name, then polled until each is final; COMPLETED counts as Success, any other final state as Failed."""
+    from experiments.compare import run_flow_runs
+
+    plan = experiment_plan(["fixed", "plr"], [0])
+    submitted = []
+
+    def submit(deployment, item, extra, repo):
+        submitted.append((deployment, item["name"], {**item["set"], **extra}))
+        return f"id-{item['name']}"
+
+    polls = iter([{"cmp-fixed-s0": "RUNNING", "cmp-plr-s0": "SCHEDULED"},
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING"},
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "CRASHED"}])
+    seen_ids = []
+
+    def states(ids):
+        seen_ids.append(dict(ids))
+        return next(polls)
+
+    result = run_flow_runs("curriculum/curriculum", plan, {"train.trajectories": 64}, poll_seconds=0,
+                           submit=submit, states=states)
+    assert result == {"cmp-fixed-s0": "Success", "cmp-plr-s0": "Failed"}
+    assert [s[1] for s in submitted] == ["cmp-fixed-s0", "cmp-plr-s0"] and len(seen_ids) == 3
+    assert submitted[1][2] == {"engineer.engineer": "plr", "train.seed": 0, "env.seed": 0, "engineer.seed": 0,
+                               "train.trajectories": 64}
+    assert seen_ids[0] == {"cmp-fixed-s0": "id-cmp-fixed-s0", "cmp-plr-s0": "id-cmp-plr-s0"}
+
+
+def test_the_flow_names_its_experiment(monkeypatch):
+    """The curriculum flow with overrides and a name runs `dvc exp run --temp -n NAME -S ...` (checked overrides)."""
+    import flows.curriculum as cur
+
+    from tests.helpers import ROOT
+
+    calls = []
+    monkeypatch.setattr(cur, "experiment", lambda sets, repo: calls.append(sets) or "ok")
+    out = cur.curriculum.fn(repo=str(ROOT), overrides={"train.seed": 2}, name="cmp-fixed-s2")
+    assert out == {"experiment": "ok"} and calls == [["-n", "cmp-fixed-s2", "-S", "train.seed=2"]]
+
+
+def standin_repo(path, sleep_s: float = 0):
+    """A git + DVC repository whose pipeline has the real stage names (rollout@K, evaluate@K) but stand-in commands
+    that write metrics from params.yaml's engineer and seed (heuristic: 0.5 more), each after ``sleep_s`` seconds."""
+    from tests.helpers import ROOT
+
+    path.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["curriculum"] = [{"stage": 0, "prev": "init", "next": 1}]
+    (path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+
+    def stage_body(name: str, metric: str) -> dict:
+        script = SCRIPT.format(name=name, metric=metric)
+        wait = f'python -c "import time; time.sleep({sleep_s})" && ' if sleep_s else ""
+        return {"cmd": f'{wait}python -c "{script}"', "params": ["engineer", "train"],
+                "metrics": [{f"m/{name}${{item.stage}}.json": {"cache": False}}]}
+
+    (path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "rollout": {"foreach": "${curriculum}", "do": stage_body("val", "{'validation': {'valid': v / 2}}")},
+        "evaluate": {"foreach": "${curriculum}", "do": stage_body("bench", "{'bench': {'acc/3_agents': v}}")},
+    }}, sort_keys=False))
+    env = dvc_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
+        subprocess.run(cmd, cwd=path, check=True, env=env)
+    return path

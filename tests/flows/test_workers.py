@@ -1,0 +1,87 @@
+"""``env-engineer workers``: one Prefect worker per GPU, each pinned by its environment."""
+
+from pathlib import Path
+
+import pytest
+
+from flows.workers import parse_gpus, worker_commands
+
+
+def test_one_worker_per_gpu_each_pinned_to_it(monkeypatch):
+    monkeypatch.setenv("ENV_ENGINEER_GPUS", "0,1")
+    commands = worker_commands("gpu-pool", ["0", "3"], 2, Path("/repo"))
+    assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in commands] == ["0", "3"]
+    assert all(env["ENV_ENGINEER_REPO"] == "/repo" and "ENV_ENGINEER_GPUS" not in env for env, _ in commands)
+    argv = commands[1][1]
+    assert argv[1:3] == ["worker", "start"] and argv[argv.index("--pool") + 1] == "gpu-pool"
+    assert argv[argv.index("--name") + 1] == "gpu-pool-gpu-3" and argv[argv.index("--limit") + 1] == "2"
+    with pytest.raises(ValueError, match="--slots 0"):
+        worker_commands("gpu-pool", ["0"], 0, Path("/repo"))
+
+
+def test_bad_gpu_lists_are_explained(capsys):
+    from env_engineer.cli import main
+
+    assert parse_gpus("0, 1") == ["0", "1"]
+    for bad in ("", "a", "0,0"):
+        with pytest.raises(ValueError, match="--gpus"):
+            parse_gpus(bad)
+    assert main(["workers", "--gpus", "x"]) == 2
+    assert "--gpus 'x'" in capsys.readouterr().err
+
+
+def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
+    """Against a real Prefect server: the curriculum deployment, `env-engineer workers --gpus 0,1` (two process
+    workers), and `env-engineer compare --via prefect` on a stand-in pipeline: each wave's experiments are taken by
+    both workers at once, run as `dvc exp run --temp`, and read back from `dvc exp show`."""
+    import json
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from tests.experiments.test_compare import standin_repo
+    from tests.helpers import ROOT
+
+    repo = standin_repo(tmp_path / "repo", sleep_s=6)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "ENV_ENGINEER_REPO": str(ROOT),
+           "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1"}
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    server = subprocess.Popen([str(bin_dir / "prefect"), "server", "start", "--port", str(port)], env=env,
+                              stdout=open(logs / "server.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    workers = None
+    try:
+        def run(*argv: str, cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+            proc = subprocess.run(list(argv), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+            assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+            return proc
+
+        run(str(bin_dir / "env-engineer"), "prefect-ready", "--url", env["PREFECT_API_URL"], "--timeout", "180")
+        run(str(bin_dir / "prefect"), "work-pool", "create", "gpu-pool", "--type", "process")
+        run(str(bin_dir / "prefect"), "--no-prompt", "deploy", "--name", "curriculum")
+        workers = subprocess.Popen([str(bin_dir / "env-engineer"), "workers", "--gpus", "0,1"], env=env,
+                                   stdout=open(logs / "workers.log", "w"), stderr=subprocess.STDOUT)
+        out = run(str(bin_dir / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic",
+                  "--seeds", "1,2", "--run", "--via", "prefect", "--out-json", str(tmp_path / "c.json"),
+                  "--out-md", str(tmp_path / "c.md"), timeout=600).stdout
+        assert "submitted cmp-fixed-s1 to curriculum/curriculum" in out and "flow runs: 2 completed" in out
+        table = json.loads((tmp_path / "c.json").read_text())
+        assert table["fixed"]["seeds"] == [1, 2] and table["heuristic"]["seeds"] == [1, 2]
+        assert abs(table["heuristic"]["metrics"]["acc/3_agents"]["mean"] - 0.65) < 1e-9
+        log = (logs / "workers.log").read_text()
+        assert "Worker 'gpu-pool-gpu-0' submitting flow run" in log and "Worker 'gpu-pool-gpu-1' submitting flow run" in log
+        assert "worker gpu-pool-gpu-1 (CUDA_VISIBLE_DEVICES=1" in log
+    finally:
+        if workers is not None:
+            workers.send_signal(signal.SIGTERM)
+            workers.wait(timeout=60)
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
