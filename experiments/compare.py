@@ -211,7 +211,9 @@ def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[
     evaluate = stage_named(stages, "evaluate", None if final is None else str(final))
     if evaluate is None or not evaluate.metrics or not record["metrics"].get(evaluate.metrics[0]):
         return None
-    out = dict(record["metrics"][evaluate.metrics[0]].get("bench") or {})
+    data = record["metrics"][evaluate.metrics[0]]
+    out = dict(data.get("bench") or {})
+    out.update({f"size/{key}": value for key, value in (data.get("bench_size") or {}).items()})
     rollout = stage_named(stages, "rollout", str(final))
     validation = (record["metrics"].get(rollout.metrics[0]) or {}).get("validation") if rollout and rollout.metrics else None
     for key in ("valid", "optimal"):
@@ -220,21 +222,38 @@ def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[
     return out
 
 
-def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> dict[str, Any]:
-    """Per arm: its seeds and, per metric, mean and 95% interval across seeds."""
+def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles],
+              reference: str | None = "fixed") -> dict[str, Any]:
+    """Per arm: its seeds and, per metric, mean and 95% interval across seeds; and, for every arm but ``reference``,
+    the difference from ``reference`` paired by seed (the same seeds, hence the same stage 0 and data draws), with
+    its 95% t-interval across seeds (``vs_reference``)."""
     arms = {item["name"]: item["arm"] for item in plan}
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    by_seed: dict[str, dict[str, dict[Any, float]]] = defaultdict(lambda: defaultdict(dict))
     seeds: dict[str, list[int]] = defaultdict(list)
     for rec in records:
         arm = arms.get(rec["name"])
         result = last_stage_result(rec, stages) if arm else None
         if arm is None or result is None:
             continue
-        seeds[arm].append(rec["params"].get("train", {}).get("seed"))
+        seed = rec["params"].get("train", {}).get("seed")
+        seeds[arm].append(seed)
         for key, value in result.items():
             values[arm][key].append(float(value))
-    return {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())}}
-            for arm, ms in values.items()}
+            by_seed[arm][key][seed] = float(value)
+    table = {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())}}
+             for arm, ms in values.items()}
+    if reference in by_seed:
+        for arm, row in table.items():
+            if arm == reference:
+                continue
+            row["vs_reference"] = {"reference": reference, "metrics": {}}
+            for key, per_seed in sorted(by_seed[arm].items()):
+                common = sorted(set(per_seed) & set(by_seed[reference].get(key, {})))
+                if common:
+                    diffs = [per_seed[s] - by_seed[reference][key][s] for s in common]
+                    row["vs_reference"]["metrics"][key] = {**mean_ci(diffs), "seeds": common}
+    return table
 
 
 def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> list[str]:
@@ -243,18 +262,40 @@ def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: l
     return [item["name"] for item in plan if item["name"] not in found]
 
 
+def _cell(m: dict[str, float] | None, sign: bool = False) -> str:
+    if m is None:
+        return ""
+    return f"{100 * m['mean']:{'+' if sign else ''}.1f} ± {100 * m['ci95']:.1f}"
+
+
 def render(table: dict[str, Any]) -> str:
-    """The comparison as a markdown table (percent, mean ± 95% half-width)."""
-    keys = sorted({k for arm in table.values() for k in arm["metrics"]})
+    """The comparison as markdown (percent, mean ± 95% half-width): the headline metrics per engineer; the differences
+    from the reference engineer paired by seed; the valid rate per map size."""
+    every = sorted({k for arm in table.values() for k in arm["metrics"]})
+    keys = [k for k in every if not k.startswith(("size/", "se/"))]
     lines = ["| engineer | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
     for arm, row in table.items():
-        cells = []
-        for k in keys:
-            m = row["metrics"].get(k)
-            cells.append("" if m is None else f"{100 * m['mean']:.1f} ± {100 * m['ci95']:.1f}")
+        cells = [_cell(row["metrics"].get(k)) for k in keys]
         lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + ("\n\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage; acc/opt: "
-                                "benchmark Sums per agent count, val: the two-agent validation set).\n")
+    lines.append("\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage; acc/opt: benchmark "
+                 "Sums per agent count, val: the two-agent validation set).")
+    paired = {arm: row["vs_reference"] for arm, row in table.items() if row.get("vs_reference")}
+    if paired:
+        reference = next(iter(paired.values()))["reference"]
+        diff_keys = [k for k in keys if k.startswith(("acc/", "val/valid"))]
+        lines += ["", f"Difference from `{reference}`, paired by seed (points, mean ± 95% t-interval across seeds):", "",
+                  "| engineer | seeds | " + " | ".join(diff_keys) + " |", "|---|---|" + "---|" * len(diff_keys)]
+        for arm, d in paired.items():
+            n = max((m["n"] for m in d["metrics"].values()), default=0)
+            lines.append(f"| {arm} | {n} | " + " | ".join(_cell(d["metrics"].get(k), sign=True) for k in diff_keys) + " |")
+    sizes = [k for k in every if k.startswith("size/")]
+    if sizes:
+        names = [k.removeprefix("size/") for k in sizes]
+        lines += ["", "Valid rate per map size (percent, mean ± 95% t-interval across seeds):", "",
+                  "| engineer | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for arm, row in table.items():
+            lines.append(f"| {arm} | " + " | ".join(_cell(row["metrics"].get(k)) for k in sizes) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -271,6 +312,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`)")
+    parser.add_argument("--reference", default="fixed",
+                        help="the arm every other is compared with, paired by seed (default fixed)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
     parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
@@ -309,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
                 if failed:
                     print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)
         records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
-        table = aggregate(records, plan, stages)
+        table = aggregate(records, plan, stages, args.reference)
         absent = missing(records, plan, stages)
         if absent:
             print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "

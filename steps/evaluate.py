@@ -3,7 +3,8 @@
 Inputs: the benchmark, the stage's rollout on it (``env-engineer rollout``, run just before in the same DVC stage),
 the stage's training instances (re-checked: none may be a benchmark instance) and the reference rows. Outputs:
 ``benchmark_metrics.json`` (DVC metrics, the headline numbers only: ``bench/acc/<A>_agents``, ``bench/opt/<A>_agents``
-= the Sum over sizes per agent count), ``benchmark_table.json`` (the whole table per agent count and size, the
+= the Sum over sizes per agent count, ``bench/se/<A>_agents`` = the valid Sum's standard error, and
+``bench_size/<A>_agents/<N>xN`` = the valid rate per map size), ``benchmark_table.json`` (the whole table per agent count and size, the
 overlap check and the reference rows) and ``benchmark.md`` (the tables in the paper's layout).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,14 @@ def check_disjoint(benchmark: Path, training: list[Path]) -> int:
     return seen
 
 
+def sum_standard_error(agents_table: dict[str, Any]) -> float:
+    """Standard error of an agent count's valid Sum (the mean over its sizes of each size's rate), from each size's
+    binomial variance: sqrt(sum p(1-p)/n) / sizes. The benchmark's per_cell decides it (issue: at most 0.02)."""
+    sizes = agents_table["sizes"].values()
+    var = sum(c["acc"] * (1 - c["acc"]) / c["n"] for c in sizes if c["n"])
+    return math.sqrt(var) / max(1, len(sizes))
+
+
 def evaluate(benchmark: Path, trajectories: Path, training: list[Path], reference: Path | None) -> dict[str, Any]:
     """Benchmark metrics of one stage's policy (greedy answers already in ``trajectories``)."""
     wait_of = {r["content_hash"]: r["wait_subset"] for r in pq.read_table(benchmark, columns=["content_hash", "wait_subset"]).to_pylist()}
@@ -41,7 +51,10 @@ def evaluate(benchmark: Path, trajectories: Path, training: list[Path], referenc
     table = cell_table(rows)
     checked = check_disjoint(benchmark, training)
     metrics = {"bench": {f"acc/{a}_agents": t["sum"]["acc"] for a, t in table.items()}
-               | {f"opt/{a}_agents": t["sum"]["opt"] for a, t in table.items()},
+               | {f"opt/{a}_agents": t["sum"]["opt"] for a, t in table.items()}
+               | {f"se/{a}_agents": sum_standard_error(t) for a, t in table.items()},
+               "bench_size": {f"{a}_agents/{n}x{n}": cell["acc"] for a, t in table.items()
+                              for n, cell in t["sizes"].items()},
                "bench_table": table, "disjoint": {"training_instances_checked": checked, "overlap": 0}}
     if reference is not None:
         metrics["reference"] = json.loads(Path(reference).read_text())
@@ -74,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    atomic_write_text(args.out_metrics, json.dumps({"bench": metrics["bench"]}, indent=2))
+    atomic_write_text(args.out_metrics, json.dumps({"bench": metrics["bench"], "bench_size": metrics["bench_size"]},
+                                                   indent=2))
     if args.out_full is not None:
         atomic_write_text(args.out_full, json.dumps(metrics, indent=2))
     atomic_write_text(args.out_table, tables(metrics))

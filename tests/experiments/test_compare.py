@@ -30,19 +30,31 @@ def test_comparison_aggregate_with_confidence_intervals():
             {"rev": "abc", "experiments": [{"revs": [{"name": p["name"], "data": {
                 "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}}},
                 "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.0}}},
-                            "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}}}}]}
+                            "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1 * (i + 1)},
+                                                                              "bench_size": {"3_agents/3x3": 0.5}}}}}}]}
                 for i, p in enumerate(plan)]}]
     table = aggregate(experiment_records(show), plan, STAGES)
     assert table["heuristic"]["seeds"] == [0, 1, 2]
     assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.2)  # last stage only
     assert "heuristic | 3 |" in render(table)
+    # paired by seed against fixed (seeds 0, 1, 2: 0.4, 0.5, 0.6): -0.3 on every seed, so no spread
+    paired = table["heuristic"]["vs_reference"]
+    assert paired["reference"] == "fixed" and "vs_reference" not in table["fixed"]
+    assert paired["metrics"]["acc/3_agents"]["mean"] == pytest.approx(-0.3)
+    assert paired["metrics"]["acc/3_agents"]["ci95"] == pytest.approx(0.0, abs=1e-12)
+    assert paired["metrics"]["acc/3_agents"]["seeds"] == [0, 1, 2]
+    text = render(table)
+    assert "Difference from `fixed`, paired by seed" in text and "| heuristic | 3 | -30.0 ± 0.0 |" in text
+    assert "Valid rate per map size" in text and "3_agents/3x3" in text and "size/" not in text.split("\n")[0]
+    assert "vs_reference" not in aggregate(experiment_records(show), plan, STAGES, reference=None)["heuristic"]
     assert missing(experiment_records(show), plan, STAGES) == []
     partial = experiment_records(show)[1:]  # e.g. cmp-heuristic-s0 ran from an earlier commit
     assert missing(partial, plan, STAGES) == ["cmp-heuristic-s0"]
     assert aggregate(partial, plan, STAGES)["heuristic"]["seeds"] == [1, 2]
     records = experiment_records(show)
     records[0]["metrics"]["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.25, "optimal": 0.125}}
-    assert last_stage_result(records[0], STAGES) == {"acc/3_agents": pytest.approx(0.1), "val/valid": 0.25, "val/optimal": 0.125}
+    assert last_stage_result(records[0], STAGES) == {"acc/3_agents": pytest.approx(0.1), "size/3_agents/3x3": 0.5,
+                                                     "val/valid": 0.25, "val/optimal": 0.125}
     cut = experiment_records(show)  # an experiment that stopped after evaluate@0: stage 0's numbers must not stand in
     del cut[0]["metrics"]["data/stages/1/benchmark_metrics.json"]
     assert last_stage_result(cut[0], STAGES) is None

@@ -48,4 +48,18 @@ def test_evaluate_checks_disjointness(bench, tmp_path):
     pq.write_table(pa.table({"content_hash": ["0" * 64]}), train)
     metrics = evaluate(root / "b.parquet", traj, [train], None)
     assert metrics["bench"]["acc/3_agents"] == 0.5 and metrics["disjoint"]["training_instances_checked"] == 1
+    # per map size, and the Sum's standard error (every size here is all-valid or all-invalid: no spread)
+    assert metrics["bench_size"]["3_agents/3x3"] == 1.0 and metrics["bench_size"]["3_agents/4x4"] == 0.0
+    assert metrics["bench"]["se/3_agents"] == 0.0
     assert check_disjoint(root / "b.parquet", []) == 0
+
+
+def test_the_sums_standard_error_comes_from_each_sizes_binomial_variance():
+    from steps.evaluate import sum_standard_error
+
+    # two sizes at 50% of 100 boards each: sqrt(2 * 0.25 / 100) / 2 = 0.0354
+    table = {"sizes": {"3": {"acc": 0.5, "n": 100}, "4": {"acc": 0.5, "n": 100}}}
+    assert sum_standard_error(table) == pytest.approx(0.5 ** 0.5 / 10 / 2)
+    # the GPU preset's 35 per cell x 3 wait subsets keeps it at most 2 points even for 6 sizes at 50%
+    worst = {"sizes": {str(n): {"acc": 0.5, "n": 105} for n in range(5, 11)}}
+    assert sum_standard_error(worst) <= 0.02
