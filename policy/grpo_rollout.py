@@ -61,6 +61,12 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
     calls = itertools.count()
 
     def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
+        from trl.extras.profiling import profiling_context
+
+        with profiling_context(trainer, "backend.generate"):  # a phase of steps/train.py's GRPO profile
+            return sample(prompts)
+
+    def sample(prompts: list) -> dict[str, Any]:
         enc = backend.encode(prompt_texts(tokenizer, prompts), prompt_len)
         if prompt_len and enc["input_ids"].shape[1] > prompt_len:
             raise ValueError(f"a GRPO prompt of {enc['input_ids'].shape[1]} tokens is longer than prompt_len = {prompt_len}")

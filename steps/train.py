@@ -22,6 +22,7 @@ random weights (``bench/multigpu.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -31,7 +32,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Iterator, Literal
 
 from envgen.dataset import read_instances, write_dataset
 from envgen.files import atomic_write_text, replace_dir
@@ -138,6 +139,39 @@ def padding_multiple(config: TrainSettings, compiled: bool) -> int | None:
     return config.pad_to_multiple_of
 
 
+@contextlib.contextmanager
+def phase_clock() -> Iterator[dict[str, float]]:
+    """Seconds spent in each phase of TRL's GRPO step while inside, by TRL's own profiling points (which it otherwise
+    reports only to W&B, MLflow or Trackio): generation (``transformers.generate``, ``vLLM.generate``, the project's
+    ``backend.generate``), ``_calculate_rewards``, log-probabilities (``_get_per_token_logps_and_entropies``),
+    ``compute_loss``, ``_prepare_inputs`` (generation and scoring of a batch) and ``sync_weights``. Nested phases
+    count in each enclosing one."""
+    from trl.extras.profiling import ProfilingContext
+
+    totals: dict[str, float] = defaultdict(float)
+    original = ProfilingContext._log_metrics
+
+    def log_metrics(self: Any, duration: float) -> None:
+        owner, _, name = self.name.partition(".")  # TRL names a phase "<trainer class>.<phase>"
+        totals[name if owner.endswith("Trainer") and name else self.name] += duration
+        original(self, duration)
+
+    ProfilingContext._log_metrics = log_metrics
+    try:
+        yield totals
+    finally:
+        ProfilingContext._log_metrics = original
+
+
+def phase_profile(totals: dict[str, float], step_seconds: list[float]) -> dict[str, float]:
+    """The GRPO profile: every phase's seconds, and ``other``: the optimizer steps' time outside generation, scoring
+    and the loss's forward pass (``_prepare_inputs`` + ``compute_loss``), i.e. backward, optimizer and overhead."""
+    out = {name: round(seconds, 3) for name, seconds in sorted(totals.items())}
+    inside = totals.get("_prepare_inputs", 0.0) + totals.get("compute_loss", 0.0)
+    out["other (backward, optimizer, between)"] = round(max(0.0, sum(step_seconds) - inside), 3)
+    return out
+
+
 def step_clock() -> Any:
     """A trainer callback whose ``seconds`` lists the wall seconds of each optimizer step (the first ones hold any
     compilation), so a stage's metrics show where its time went."""
@@ -227,7 +261,8 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                           processing_class=tok, rollout_func=rollout_func,
                           callbacks=[clock, trainer_progress("train (GRPO)", progress)])
     start = time.perf_counter()
-    trainer.train()
+    with phase_clock() as phases:
+        trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows
     if world > 1:  # each process scored its own share of the completions
@@ -236,6 +271,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         rows = gather_object(rows)
     metrics = summarize_grpo(rows, steps, seconds, use_vllm)
     metrics["train/step_seconds"] = clock.seconds
+    metrics["train/phase_seconds"] = phase_profile(phases, clock.seconds)
     metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
     return metrics, rows
 
@@ -411,6 +447,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     keys = ("sft/loss_first", "sft/loss_last", "train/reward_first_quarter", "train/reward_last_quarter", "train/valid_rate", "seconds")
     print("trained: " + ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if isinstance(metrics.get(k), (int, float))))
+    if metrics.get("train/phase_seconds"):
+        print("GRPO seconds by phase: " + ", ".join(f"{k} {v:.1f}" for k, v in metrics["train/phase_seconds"].items()))
     return 0
 
 

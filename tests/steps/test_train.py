@@ -56,6 +56,10 @@ def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_
     # one wall-clock time per optimizer step of each phase (compilation shows in the first ones)
     assert len(details["sft/step_seconds"]) == details["sft/steps"] >= 1 and len(details["train/step_seconds"]) == 1
     assert all(t > 0 for t in details["sft/step_seconds"] + details["train/step_seconds"])
+    # where GRPO's time went, by TRL's own profiling points (generation, rewards, log-probabilities, loss, the rest)
+    phases = details["train/phase_seconds"]
+    assert {"transformers.generate", "_calculate_rewards", "compute_loss", "_prepare_inputs"} <= set(phases), phases
+    assert phases["other (backward, optimizer, between)"] >= 0 and phases["transformers.generate"] > 0
     # one file per curve, each a list of {step, value} rows (what `dvc plots show` draws)
     sft = json.loads((out / "sft.json").read_text())
     grpo = json.loads((out / "grpo.json").read_text())
@@ -141,6 +145,8 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                         *tiny(tiny_model_dir, sft=False, grpo_generation="backend"))
         assert metrics["train/generation"] == "backend" and metrics["train/trajectories"] == 8
+        phases = metrics["train/phase_seconds"]  # the project's sampler is one phase of the GRPO profile
+        assert phases["backend.generate"] > 0 and phases["backend.generate"] <= phases["_prepare_inputs"]
         runs.append([r["completion"] for r in pq.read_table(out / "c.parquet").to_pylist()])
     assert calls == [8, 8]  # one call per generation batch: 2 prompts x G=4, both runs
     assert runs[0] == runs[1] and any(runs[0])
