@@ -198,7 +198,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     from trl import SFTConfig, SFTTrainer
 
     demos = demonstrations(rows[: config.sft_max_examples], style)
-    micro = config.sft_micro_batch_size or config.sft_batch_size
+    # unset: the whole batch in one pass, or with N processes an N-th of it in each
+    micro = config.sft_micro_batch_size or max(1, config.sft_batch_size // world_size())
     args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
                      per_device_train_batch_size=micro,
                      gradient_accumulation_steps=accumulation(config.sft_batch_size, micro, world_size(),
