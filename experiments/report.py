@@ -274,10 +274,39 @@ def _md_table(text: str) -> str:
     return "\n".join(out)
 
 
+def sensitivity_figure(summary: dict[str, Any]) -> bytes:
+    """Held-out valid rate per hand-set configuration: each seed's run (dots), the configuration's mean (bar) and the
+    starting adapter (dashed line), from an ``env-engineer sensitivity`` summary."""
+    import matplotlib.pyplot as plt
+
+    runs = summary["runs"]
+    configs: dict[str, list[float]] = {}
+    for name, r in runs.items():
+        if name != "start":
+            configs.setdefault(name.split("/")[0], []).append(100 * r["all"]["valid"])
+    fig, ax = plt.subplots(figsize=(7, 3.2))
+    names = list(configs)
+    ax.bar(range(len(names)), [sum(v) / len(v) for v in configs.values()], color="C0", alpha=0.5, label="mean over seeds")
+    for i, values in enumerate(configs.values()):
+        ax.plot([i] * len(values), values, "ko", ms=4, label="one seed" if i == 0 else None)
+    if "start" in runs:
+        ax.axhline(100 * runs["start"]["all"]["valid"], color="C3", ls="--", label="starting adapter")
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("held-out valid (%)")
+    ax.set_title(f"One stage per environment, {summary['instances']} held-out instances")
+    ax.legend(fontsize=8, loc="lower right")
+    return _png(fig)
+
+
 def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None = None, title: str = "env-engineer run",
-                 source: str = ".") -> list[Path]:
-    """Write the HTML report of ``run`` (:func:`load_run`) to ``out`` and its PNGs beside it; returns the files."""
+                 source: str = ".", sensitivity: Path | None = None) -> list[Path]:
+    """Write the HTML report of ``run`` (:func:`load_run`) to ``out`` and its PNGs beside it; returns the files. With
+    ``sensitivity`` (an ``env-engineer sensitivity`` summary JSON) the report shows how much one stage's environment
+    moved the policy: the spread between configurations against the seed noise."""
     figs = figures(run)
+    sens = json.loads(sensitivity.read_text()) if sensitivity is not None else None
+    if sens is not None:
+        figs["sensitivity"] = sensitivity_figure(sens)
     cases = failure_cases(run)
     assets = out.with_suffix("").with_name(out.stem + "_assets")
     written = []
@@ -319,6 +348,18 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
         from experiments.compare import render
 
         parts.append("<h2>Engineer comparison</h2>" + _md_table(render(json.loads(comparison.read_text()))))
+    if sens is not None:
+        from experiments.sensitivity import markdown
+
+        lines = [line for line in markdown(sens).splitlines() if line.startswith("|")]
+        spread = sens.get("spread") or {}
+        noise = sens.get("noise_mean_abs_valid")
+        said = (f"Best minus worst configuration (seed means): {100 * spread['valid']:.1f} points "
+                f"({html.escape(spread['best'])} - {html.escape(spread['worst'])})" if spread else "")
+        if noise is not None:
+            said += f"; two seeds of one configuration differ by {100 * noise:.1f} points on average"
+        parts.append("<h2>How much one stage's environment can matter (sensitivity)</h2>"
+                     + _img(figs["sensitivity"], "sensitivity") + f"<p>{said}.</p>" + _md_table("\n".join(lines)))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}img{max-width:100%}"
              "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
              "pre{background:#f4f4f4;padding:4px;display:inline-block}figure{display:inline-block;margin:8px}")
@@ -334,6 +375,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("reports/report.html"),
                         help="HTML file to write (default: %(default)s, ignored by git); PNGs go to <name>_assets/")
     parser.add_argument("--title", default="env-engineer run")
+    parser.add_argument("--sensitivity", type=Path, default=None,
+                        help="summary JSON of `env-engineer sensitivity` to show beside the run")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -347,6 +390,10 @@ def run(args: argparse.Namespace) -> int:
     if not any(len(e) > 2 for e in run_):
         print(f"error: {args.repo}: no stage has results yet (run the pipeline first: dvc repro)", file=sys.stderr)
         return 2
-    files = build_report(run_, args.out, args.comparison, args.title, str(args.repo))
+    if args.sensitivity is not None and not args.sensitivity.exists():
+        print(f"error: --sensitivity {args.sensitivity}: no such file (a summary JSON of `env-engineer sensitivity`)",
+              file=sys.stderr)
+        return 2
+    files = build_report(run_, args.out, args.comparison, args.title, str(args.repo), args.sensitivity)
     print(f"wrote {files[0]} and {len(files) - 1} PNG(s)")
     return 0
