@@ -361,6 +361,11 @@ class VLLMBackend:
 
         return LoRARequest("adapter", 1, str(self.adapter))
 
+    def prompt_tokens(self, conversation: Conversation) -> int:
+        """Tokens of ``conversation`` as the model reads it (its chat template), for the server's prompt limit."""
+        tokenizer = self.engine.get_tokenizer()
+        return len(tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True))
+
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
         sp = self.sampling_params(n, params)

@@ -338,12 +338,21 @@ class RunningServer:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     defaults = ServeLimits()
     parser.add_argument("--model", default="embedded", help="model: 'embedded', a local folder or .gguf file, or a cached Hugging Face id")
-    parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT format) to apply and merge")
+    parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT format) to apply (merged by the "
+                        "transformers backend, applied unmerged by vLLM)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
     parser.add_argument("--port", type=int, default=8000, help="port (default %(default)s)")
     parser.add_argument("--served-name", default=None, help="model name clients use (default: the model id)")
     parser.add_argument("--api-key-env", default=None, help="require 'Authorization: Bearer $VAR' with this variable's value")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, or auto")
+    parser.add_argument("--backend", choices=("transformers", "vllm"), default="transformers",
+                        help="the engine behind the API: transformers (CPU or GPU, one request at a time) or vLLM's "
+                        "offline engine (GPU, `pip install -e '.[gpu]'`: the adapter applied by vLLM, constrained JSON "
+                        "through its structured outputs)")
+    parser.add_argument("--gpu-memory", type=float, default=0.85,
+                        help="with --backend vllm: share of the GPU's memory vLLM may take (default %(default)s)")
+    parser.add_argument("--tensor-parallel", type=int, default=1,
+                        help="with --backend vllm: GPUs the model is split over (default %(default)s)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, or auto (transformers backend)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--max-body-bytes", type=int, default=defaults.max_body_bytes, help="largest request body (default %(default)s)")
     parser.add_argument("--max-prompt-tokens", type=int, default=defaults.max_prompt_tokens, help="longest prompt (default %(default)s)")
@@ -356,7 +365,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.backends import TransformersBackend
+    from policy.backends import BackendError, TransformersBackend
     from policy.models import ModelNotFoundError
 
     key = None
@@ -374,9 +383,20 @@ def run(args: argparse.Namespace) -> int:
         return 2
     limits = ServeLimits(args.max_body_bytes, args.max_prompt_tokens, args.max_n, args.max_tokens, args.max_waiting,
                          args.timeout)
+    if not 0 < args.gpu_memory <= 1 or args.tensor_parallel < 1:
+        print(f"error: --gpu-memory {args.gpu_memory} must lie in (0, 1] and --tensor-parallel {args.tensor_parallel} "
+              "be at least 1", file=sys.stderr)
+        return 2
     try:
-        backend = TransformersBackend(args.model, args.adapter, device=args.device, batch_size=1, threads=args.threads)
-    except (ModelNotFoundError, ValueError) as e:
+        if args.backend == "vllm":
+            from policy.backends import VLLMBackend
+
+            backend = VLLMBackend(args.model, args.adapter, gpu_memory_utilization=args.gpu_memory,
+                                  tensor_parallel_size=args.tensor_parallel)
+        else:
+            backend = TransformersBackend(args.model, args.adapter, device=args.device, batch_size=1,
+                                          threads=args.threads)
+    except (ModelNotFoundError, ValueError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     import uvicorn

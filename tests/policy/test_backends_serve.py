@@ -271,3 +271,17 @@ def test_api_engineer_gets_schema_valid_json_from_the_server(served):
     result = engineer_config(Summary(stage=0), current, settings, PolicySettings(), 0)
     raw = result.log["attempts"][0]["raw_output"]
     assert set(json.loads(raw)["sizes"]) == {"3"} and result.log["constrained"]
+
+
+def test_serve_command_checks_its_backend_settings(capsys):
+    """`serve --backend vllm` builds vLLM's engine (GPU); here, without vLLM, it stops with the install hint, and
+    settings out of range are named before anything loads."""
+    import importlib.util
+
+    from env_engineer.cli import main
+
+    assert main(["serve", "--backend", "vllm", "--gpu-memory", "1.5"]) == 2
+    assert "--gpu-memory 1.5" in capsys.readouterr().err
+    if importlib.util.find_spec("vllm") is None:
+        assert main(["serve", "--backend", "vllm"]) == 2
+        assert "pip install -e '.[gpu]'" in capsys.readouterr().err
