@@ -193,9 +193,14 @@ def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
 
     from tests.helpers import tiny_params, write_params
 
+    import socket
+
     params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            "-m", "env_engineer", "train", "--params", str(params), "--instances", str(stage), "--no-progress",
            "--out-adapter", str(out / "adapter"), "--out-completions", str(out / "c.parquet"),
            "--out-metrics", str(out / "m.json"), "--out-details", str(out / "d.json"),
