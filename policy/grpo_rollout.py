@@ -61,6 +61,8 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
     calls = itertools.count()
 
     def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
+        if trainer is None:  # called outside a trainer: nothing to profile for
+            return sample(prompts)
         from trl.extras.profiling import profiling_context
 
         with profiling_context(trainer, "backend.generate"):  # a phase of steps/train.py's GRPO profile
