@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -73,13 +72,11 @@ def record(path: Path | None, row: dict[str, Any]) -> None:
 
 
 def environment() -> dict[str, Any]:
-    import torch
-    import transformers
+    """``bench/gpu.py``'s machine description, plus the GPU count, NCCL's multicast setting and the libraries here."""
+    from bench.gpu import environment as machine
 
-    info = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-            "gpus": visible_gpus(), "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
-    if info["gpus"]:
-        info["card"] = torch.cuda.get_device_name()
+    gpus = visible_gpus()
+    info = {**machine("cuda" if gpus else "cpu"), "gpus": gpus, "nccl_nvls_enable": os.environ.get("NCCL_NVLS_ENABLE")}
     for name in ("accelerate", "trl", "peft", "vllm"):
         try:
             info[name] = __import__(name).__version__

@@ -89,17 +89,12 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
     once the queue is empty."""
     dvc(["queue", "start", "-j", str(jobs)], repo)
-    last = None
-    while True:
+
+    def read() -> dict[str, str]:
         states = queue_states(repo)
-        mine = {name: states.get(name, "Queued") for name in names}
-        line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(mine).items()))
-        if line != last:
-            print(f"queue: {line}", flush=True)
-            last = line
-        if all(s in ("Success", "Failed") for s in mine.values()):
-            break
-        time.sleep(poll_seconds)
+        return {name: states.get(name, "Queued") for name in names}
+
+    mine = wait_until_final(read, ("Success", "Failed"), "queue", poll_seconds)
     # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
     succeeded = {name for name, state in mine.items() if state == "Success"}
     deadline = time.monotonic() + 300
@@ -153,15 +148,22 @@ def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, 
     ids = {item["name"]: submit(deployment, item, extra, repo) for item in wave}
     for name in ids:
         print(f"submitted {name} to {deployment}", flush=True)
+    final = wait_until_final(lambda: states(ids), FINAL_FLOW_STATES, "flow runs", poll_seconds)
+    return {name: "Success" if s == "COMPLETED" else "Failed" for name, s in final.items()}
+
+
+def wait_until_final(read: Any, final: tuple[str, ...], label: str, poll_seconds: float) -> dict[str, str]:
+    """Poll ``read()`` (name -> state) until every state is in ``final``, printing a count per state when it changes;
+    returns the last states."""
     last = None
     while True:
-        now = states(ids)
+        now = read()
         line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(now).items()))
         if line != last:
-            print(f"flow runs: {line}", flush=True)
+            print(f"{label}: {line}", flush=True)
             last = line
-        if all(s in FINAL_FLOW_STATES for s in now.values()):
-            return {name: "Success" if s == "COMPLETED" else "Failed" for name, s in now.items()}
+        if all(s in final for s in now.values()):
+            return now
         time.sleep(poll_seconds)
 
 

@@ -42,10 +42,15 @@ def _slots() -> int:
     return int(text)
 
 
+def world_size() -> int:
+    """Processes of a distributed launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``); 1 otherwise."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
+
+
 def only_the_first_gpu() -> str | None:
     """Where this process sees several GPUs and is not part of a distributed launch, make only the first visible (before
     CUDA starts: the count comes from NVML); returns the GPU kept, or None when nothing changed."""
-    if (os.environ.get("WORLD_SIZE") or "1") != "1":
+    if world_size() != 1:
         return None
     listed = [g.strip() for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     if "CUDA_VISIBLE_DEVICES" not in os.environ:

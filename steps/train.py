@@ -42,6 +42,7 @@ from envgen.reward import RewardConfig, completion_text, instance_from_text, sco
 from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
 from pipeline.progress import trainer_progress
+from policy.devices import world_size
 
 
 class RecordingReward:
@@ -71,11 +72,6 @@ class RecordingReward:
             log_metric("mapf/valid_rate", sum(r["valid"] for r in batch) / len(batch))
             log_metric("mapf/parsed_rate", sum(r["parsed"] for r in batch) / len(batch))
         return rewards
-
-
-def world_size() -> int:
-    """Processes of a distributed launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``); 1 otherwise."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def accumulation(batch: int, micro: int, world: int, what: str) -> int:
