@@ -257,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
             runs["start"] = trajectories
         print(f"start: scored on {heldout} ({time.monotonic() - started:.0f} s)", flush=True)
 
-    plan = [(config, seed) for config in configs for seed in seeds]
+    # seed-major: under --budget-s every configuration gets its first seeds before any gets a later one
+    plan = [(config, seed) for seed in seeds for config in configs]
     skipped: list[str] = []
     lock = threading.Lock()
 
@@ -297,7 +298,7 @@ def run(args: argparse.Namespace) -> int:
             except RuntimeError as e:  # one failed run does not stop the others; the summary covers what finished
                 failures.append(str(e))
                 print(f"error: {e}", file=sys.stderr, flush=True)
-    runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c, s in plan)] if name in runs}
+    runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c in configs for s in seeds)] if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")
     if "start" not in runs:
