@@ -189,6 +189,10 @@ class RolloutSettings(_Section):
         "inductor", description="torch.compile backend of the static decode step.")
     vllm_gpu_memory: float = Field(0.85, gt=0, le=1, description="vllm backend: share of the GPU's memory vLLM may "
                                    "take (weights, activations, KV cache); lower it when experiments share a GPU.")
+    vllm_kv_cache_gib: float | None = Field(
+        None, gt=0, description="vllm backend: reserve this many GiB for the KV cache and skip vLLM's memory "
+        "profiling (None: size the cache from vllm_gpu_memory by profiling). Set it when several processes share one "
+        "GPU: the profiling stops with 'Error in memory profiling' when another process frees memory meanwhile.")
     base_url: str | None = Field(None, description="openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding the key.")
 

@@ -319,13 +319,16 @@ class VLLMBackend:
         seed: the engine's seed (each request also carries its sampling seed).
         load_format: 'auto' (the weights) or 'dummy' (random weights of the model's shape: speed measurements only).
         enforce_eager: no CUDA graphs and no compilation (starts faster, decodes slower).
+        kv_cache_gib: GiB reserved for the KV cache, skipping vLLM's memory profiling (None: profile and size it
+            from ``gpu_memory_utilization``); for processes sharing one GPU, whose memory changes during profiling.
     """
 
     name = "vllm"
 
     def __init__(self, model: str = "embedded", adapter: str | None = None, gpu_memory_utilization: float = 0.85,
                  tensor_parallel_size: int = 1, max_model_len: int | None = 4096, seed: int = 0,
-                 load_format: str = "auto", enforce_eager: bool = False, **_: Any) -> None:
+                 load_format: str = "auto", enforce_eager: bool = False, kv_cache_gib: float | None = None,
+                 **_: Any) -> None:
         try:
             import vllm
         except ImportError as e:
@@ -338,10 +341,12 @@ class VLLMBackend:
         self.adapter_hash = adapter_hash(adapter)
         self.adapter = adapter
         rank = lora_rank(adapter) if adapter is not None else None
-        lora = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1} if rank else {}
+        extra: dict[str, Any] = {"enable_lora": True, "max_lora_rank": rank, "max_loras": 1} if rank else {}
+        if kv_cache_gib is not None:
+            extra["kv_cache_memory_bytes"] = int(kv_cache_gib * 2 ** 30)
         self.engine = vllm.LLM(model=str(resolve_model(model)), dtype="bfloat16", seed=seed,
                                gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
-                               max_model_len=max_model_len, load_format=load_format, enforce_eager=enforce_eager, **lora)
+                               max_model_len=max_model_len, load_format=load_format, enforce_eager=enforce_eager, **extra)
 
     def sampling_params(self, n: int, params: SamplingParams) -> Any:
         """vLLM's sampling parameters for ``n`` samples under ``params``."""

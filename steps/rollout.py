@@ -38,7 +38,8 @@ def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: 
     if settings.backend == "transformers":
         options.update(cache=settings.cache, compile_backend=settings.compile_backend)
     if settings.backend == "vllm":
-        options.update(gpu_memory_utilization=settings.vllm_gpu_memory, seed=settings.seed)
+        options.update(gpu_memory_utilization=settings.vllm_gpu_memory, seed=settings.seed,
+                       kv_cache_gib=settings.vllm_kv_cache_gib)
     return options
 
 
