@@ -284,7 +284,8 @@ def run(args: argparse.Namespace) -> int:
         run_once(command("train", "--params", str(args.params), *overrides, "--set", f"train.seed={seed}",
                          "--instances", str(instances), "--init-adapter", str(args.start), "--out-adapter",
                          str(adapter), "--out-completions", str(folder / "train_completions.parquet"),
-                         "--out-metrics", str(folder / "train_metrics.json")), adapter, folder / "log.txt")
+                         "--out-metrics", str(folder / "train_metrics.json"), "--out-details",
+                         str(folder / "train_details.json")), adapter, folder / "log.txt")
         trajectories = score(name, adapter)
         with lock:
             runs[name] = trajectories

@@ -93,6 +93,8 @@ def test_sensitivity_command_runs_the_steps_and_resumes(tiny_model_dir, tmp_path
     assert set(summary["runs"]) == {"start", "tiny/s0"} and summary["instances"] == 10
     assert summary["settings"]["seeds"] == [0] and summary["not_run"] == []
     assert (tmp_path / "s.md").read_text().startswith("Held-out instances: 10.")
+    details = json.loads((tmp_path / "work" / "tiny" / "s0" / "train_details.json").read_text())
+    assert "train/phase_seconds" in details  # where each run's GRPO time went
     trained = (tmp_path / "work" / "tiny" / "s0" / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
     capsys.readouterr()
     # a second run with one more seed and no budget left: nothing is recomputed, the missing run is named
