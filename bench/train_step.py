@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                    "sft_step_s": metrics.get("sft/step_seconds"), "grpo_step_s": metrics.get("train/step_seconds"),
                    "sft_examples_per_s": (metrics.get("sft/examples") or 0) / (metrics.get("sft/seconds") or float("inf")),
                    "trajectories_per_s": (metrics.get("train/trajectories") or 0) / (metrics.get("train/seconds") or float("inf")),
+                   "grpo_phase_s": metrics.get("train/phase_seconds"),
                    "generation": metrics.get("train/generation"), "settings": settings.model_dump(mode="json")}
             rows.append(row)
             print(json.dumps(row), flush=True)
