@@ -9,7 +9,7 @@ file's train section: the per-stage budget), then ``rollout`` of the held-out in
 too. Everything a run writes stays under ``--work`` and a finished command is not run again, so an interrupted
 experiment resumes where it stopped. ``--budget-s`` stops starting new runs after that many seconds; ``--jobs N`` runs N
 at once (with ``ENV_ENGINEER_GPUS=0,1 ENV_ENGINEER_GPU_SLOTS=4`` their steps share two GPUs, four processes each); a
-failed run is reported and the others go on.
+failed run is reported, the others go on, and it is tried again at the end, alone (``--retries``, default once).
 
 The summary gives, per run, the valid and optimal rates (95% Wilson intervals) overall, per held-out file and per map
 size; paired differences (same instances) against the starting adapter and against the first configuration with 95%
@@ -198,6 +198,11 @@ def run_once(cmd: list[str], done: Path, log: Path) -> None:
         raise RuntimeError(f"`{' '.join(cmd[2:5])} ...` failed (exit {proc.returncode}); its output: {log}")
 
 
+def task_name(task: tuple[Any, ...]) -> str:
+    """``start`` or ``<configuration>/s<seed>``: the run a (function, arguments) task of :func:`run` makes."""
+    return "start" if len(task) == 1 else f"{task[1].stem}/s{task[2]}"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"),
                         help="parameters file whose policy, train and rollout sections every run uses (the per-stage "
@@ -217,6 +222,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", type=Path, required=True, help="folder for every run's files (resumable)")
     parser.add_argument("--out", type=Path, required=True, help="summary JSON to write (and a .md beside it)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new run after this many seconds")
+    parser.add_argument("--retries", type=int, default=1,
+                        help="times a failed run is tried again at the end, one at a time (default 1)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once (default 1); with ENV_ENGINEER_GPUS (and ENV_ENGINEER_GPU_SLOTS) each step "
                         "process claims a GPU of that pool (policy/devices.py)")
@@ -231,6 +238,9 @@ def run(args: argparse.Namespace) -> int:
             return 2
     if args.jobs < 1:
         print(f"error: --jobs {args.jobs}: give at least 1", file=sys.stderr)
+        return 2
+    if args.retries < 0:
+        print(f"error: --retries {args.retries}: give 0 (no retry) or more", file=sys.stderr)
         return 2
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -291,14 +301,31 @@ def run(args: argparse.Namespace) -> int:
             runs[name] = trajectories
         print(f"{name}: trained and scored ({time.monotonic() - started:.0f} s)", flush=True)
 
-    failures = []
+    failed: list[tuple[tuple[Any, ...], str]] = []  # (function and arguments, error)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for future in [pool.submit(start_run), *(pool.submit(one, config, seed) for config, seed in plan)]:
+        tasks = [((start_run,), pool.submit(start_run)),
+                 *(((one, config, seed), pool.submit(one, config, seed)) for config, seed in plan)]
+        for task, future in tasks:
             try:
                 future.result()
             except RuntimeError as e:  # one failed run does not stop the others; the summary covers what finished
-                failures.append(str(e))
+                failed.append((task, str(e)))
                 print(f"error: {e}", file=sys.stderr, flush=True)
+    # Runs sharing a GPU fail for want of its memory when the others peak (a vLLM engine that cannot start, an
+    # out-of-memory error): each failed run is tried again, one at a time, from the commands it had not finished,
+    # while the budget lasts.
+    for attempt in range(args.retries):
+        if not failed or (args.budget_s is not None and time.monotonic() - started > args.budget_s):
+            break
+        again, failed = failed, []
+        for task, _ in again:
+            print(f"retry {attempt + 1} of {args.retries}: {task_name(task)}", flush=True)
+            try:
+                task[0](*task[1:])
+            except RuntimeError as e:
+                failed.append((task, str(e)))
+                print(f"error: {e}", file=sys.stderr, flush=True)
+    failures = [f"{task_name(task)}: {error}" for task, error in failed]
     runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c in configs for s in seeds)] if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")

@@ -111,3 +111,52 @@ def test_sensitivity_command_runs_the_steps_and_resumes(tiny_model_dir, tmp_path
     assert summary["not_run"] == [] and summary["failed"] == [] and len(summary["noise"]) == 1
     assert main(args + ["--jobs", "0"]) == 2
     assert "--jobs 0" in capsys.readouterr().err
+
+
+def test_a_failed_run_is_tried_again_alone_and_a_lasting_failure_is_reported(tmp_path, monkeypatch, capsys):
+    """The steps stubbed (each command's output written at once): the train command of `b/s0` fails on its first
+    call, as a run does when the GPU it shares is full; the retry finishes it. With --retries 0 it stays a failure."""
+    import experiments.sensitivity as sensitivity
+
+    calls: dict[str, int] = {}
+    heldout_rows = 10
+
+    def fake_run_once(cmd, done, log):
+        if done.exists():
+            return
+        done.parent.mkdir(parents=True, exist_ok=True)
+        step = cmd[3]
+        key = f"{done.parent.parent.name}/{done.parent.name}/{step}"
+        calls[key] = calls.get(key, 0) + 1
+        if key == "b/s0/train" and calls[key] == 1:
+            raise RuntimeError(f"`{' '.join(cmd[2:5])} ...` failed (exit 1); its output: {log}")
+        if step == "rollout":
+            trajectories(done, [i % 2 == 0 for i in range(heldout_rows)])
+        elif step == "train":
+            done.mkdir()
+        else:
+            done.write_bytes(b"")
+
+    monkeypatch.setattr(sensitivity, "run_once", fake_run_once)
+    monkeypatch.setattr(sensitivity, "combine_heldout", lambda files, out: {f"h{i}": "heldout" for i in range(10)})
+    configs = []
+    for name in ("a", "b"):
+        configs.append(tmp_path / f"{name}.yaml")
+        configs[-1].write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": 0, "sizes": SIZES}))
+    (tmp_path / "start").mkdir()
+    heldout = trajectories(tmp_path / "h.parquet", [True])
+    params = write_params(tmp_path / "params.yaml", {})
+    base = ["sensitivity", "--params", str(params), "--start", str(tmp_path / "start"), "--configs", *map(str, configs),
+            "--heldout", str(heldout), "--seeds", "0", "--jobs", "2"]
+    assert main([*base, "--work", str(tmp_path / "w1"), "--out", str(tmp_path / "s1.json")]) == 0
+    out = capsys.readouterr()
+    assert "retry 1 of 1: b/s0" in out.out and "failed (exit 1)" in out.err
+    summary = json.loads((tmp_path / "s1.json").read_text())
+    assert list(summary["runs"]) == ["start", "a/s0", "b/s0"] and summary["failed"] == []
+    calls.clear()
+    assert main([*base, "--retries", "0", "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "s2.json")]) == 0
+    summary = json.loads((tmp_path / "s2.json").read_text())
+    assert list(summary["runs"]) == ["start", "a/s0"] and len(summary["failed"]) == 1
+    assert summary["failed"][0].startswith("b/s0: `env_engineer train")
+    assert main([*base, "--retries", "-1", "--work", str(tmp_path / "w3"), "--out", str(tmp_path / "s3.json")]) == 2
+    assert "--retries -1" in capsys.readouterr().err
