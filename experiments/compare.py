@@ -192,10 +192,35 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for exp in baseline.get("experiments") or []:
             for rev in exp.get("revs") or []:
                 data = rev.get("data") or {}
-                params = ((data.get("params") or {}).get("params.yaml") or {}).get("data") or {}
+                files = {path: (p or {}).get("data") or {} for path, p in (data.get("params") or {}).items()}
                 metrics = {path: (m or {}).get("data") or {} for path, m in (data.get("metrics") or {}).items()}
-                out.append({"name": rev.get("name") or exp.get("name"), "params": params, "metrics": metrics})
+                out.append({"name": rev.get("name") or exp.get("name"), "params": files.get("params.yaml") or {},
+                            "metrics": metrics, "param_files": files})
     return out
+
+
+def stage_config(record: dict[str, Any], stages: list[StageFiles], stage: int) -> dict[str, Any] | None:
+    """The environment configuration curriculum stage ``stage`` of the experiment trained on: the params file of its
+    ``generate-instances@K`` stage (written by the engineer of the stage before); None when absent."""
+    generate = stage_named(stages, "generate-instances", str(stage))
+    files = record.get("param_files") or {}
+    for path in generate.params_files if generate else ():
+        if path != "params.yaml" and files.get(path):
+            return files[path]
+    return None
+
+
+def config_summary(config: dict[str, Any]) -> dict[str, float]:
+    """A configuration in four numbers, each weighted by the share of instances of every map size: mean board side
+    (``size``), hole ratio, wait ratio (share of instances that need a wait) and minimum path length."""
+    sizes = {int(k): v for k, v in (config.get("sizes") or {}).items() if isinstance(v, dict)}
+    total = sum(float(v.get("data_ratio", 0)) for v in sizes.values())
+    if not total:
+        return {}
+    def mean(key: str) -> float:
+        return sum(float(v.get("data_ratio", 0)) * float(v.get(key, 0)) for v in sizes.values()) / total
+    return {"size": sum(float(v.get("data_ratio", 0)) * n for n, v in sizes.items()) / total,
+            "hole_ratio": mean("hole_ratio"), "wait_ratio": mean("wait_ratio"), "min_path_length": mean("min_path_length")}
 
 
 def final_stage(params: dict[str, Any]) -> int | None:
@@ -210,13 +235,26 @@ def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[
     rates (``val/valid``, ``val/optimal``), read from the metrics files ``dvc.yaml`` declares for ``evaluate@K`` and
     ``rollout@K``; None when that stage has no benchmark metrics (not run, unfinished or failed)."""
     final = final_stage(record["params"])
-    evaluate = stage_named(stages, "evaluate", None if final is None else str(final))
+    return None if final is None else stage_result(record, stages, final)
+
+
+def stage_results(record: dict[str, Any], stages: list[StageFiles]) -> dict[int, dict[str, float]]:
+    """:func:`stage_result` of every curriculum stage of the experiment that has one, by stage."""
+    items = [row.get("stage") for row in record["params"].get("curriculum") or [] if isinstance(row, dict)]
+    results = {k: stage_result(record, stages, k) for k in items if isinstance(k, int)}
+    return {k: r for k, r in sorted(results.items()) if r is not None}
+
+
+def stage_result(record: dict[str, Any], stages: list[StageFiles], stage: int) -> dict[str, float] | None:
+    """Curriculum stage ``stage``'s benchmark Sums (and per map size, ``size/...``) and held-out two-agent validation
+    rates of the experiment; None when that stage has no benchmark metrics."""
+    evaluate = stage_named(stages, "evaluate", str(stage))
     if evaluate is None or not evaluate.metrics or not record["metrics"].get(evaluate.metrics[0]):
         return None
     data = record["metrics"][evaluate.metrics[0]]
     out = dict(data.get("bench") or {})
     out.update({f"size/{key}": value for key, value in (data.get("bench_size") or {}).items()})
-    rollout = stage_named(stages, "rollout", str(final))
+    rollout = stage_named(stages, "rollout", str(stage))
     validation = (record["metrics"].get(rollout.metrics[0]) or {}).get("validation") if rollout and rollout.metrics else None
     for key in ("valid", "optimal"):
         if validation and validation.get(key) is not None:
@@ -226,12 +264,17 @@ def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[
 
 def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles],
               reference: str | None = "fixed") -> dict[str, Any]:
-    """Per arm: its seeds and, per metric, mean and 95% interval across seeds; and, for every arm but ``reference``,
-    the difference from ``reference`` paired by seed (the same seeds, hence the same stage 0 and data draws), with
-    its 95% t-interval across seeds (``vs_reference``)."""
+    """Per arm: its seeds and, per metric, mean and 95% interval across seeds (last stage); the same per curriculum
+    stage for the headline metrics (``stages``: the curve across stages); the configuration each stage trained on,
+    summarised (:func:`config_summary`) and averaged across seeds (``configs``); and, for every arm but
+    ``reference``, the difference from ``reference`` paired by seed (the same seeds, hence the same stage 0 and data
+    draws), with its 95% t-interval across seeds (``vs_reference``). Only experiments that finished their last stage
+    count, so every arm is compared at equal budget."""
     arms = {item["name"]: item["arm"] for item in plan}
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     by_seed: dict[str, dict[str, dict[Any, float]]] = defaultdict(lambda: defaultdict(dict))
+    per_stage: dict[str, dict[int, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    chosen: dict[str, dict[int, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     seeds: dict[str, list[int]] = defaultdict(list)
     for rec in records:
         arm = arms.get(rec["name"])
@@ -243,7 +286,17 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages:
         for key, value in result.items():
             values[arm][key].append(float(value))
             by_seed[arm][key][seed] = float(value)
-    table = {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())}}
+        for k, stage in stage_results(rec, stages).items():
+            for key, value in stage.items():
+                if not key.startswith(("size/", "se/")):
+                    per_stage[arm][k][key].append(float(value))
+            config = stage_config(rec, stages, k)
+            for key, value in (config_summary(config) if config else {}).items():
+                chosen[arm][k][key].append(value)
+    table = {arm: {"seeds": sorted(seeds[arm]), "metrics": {k: mean_ci(v) for k, v in sorted(ms.items())},
+                   "stages": {str(k): {key: mean_ci(v) for key, v in sorted(m.items())}
+                              for k, m in sorted(per_stage[arm].items())},
+                   "configs": {str(k): {key: mean_ci(v) for key, v in m.items()} for k, m in sorted(chosen[arm].items())}}
              for arm, ms in values.items()}
     if reference in by_seed:
         for arm, row in table.items():
@@ -290,6 +343,29 @@ def render(table: dict[str, Any]) -> str:
         for arm, d in paired.items():
             n = max((m["n"] for m in d["metrics"].values()), default=0)
             lines.append(f"| {arm} | {n} | " + " | ".join(_cell(d["metrics"].get(k), sign=True) for k in diff_keys) + " |")
+    staged = {arm: row["stages"] for arm, row in table.items() if row.get("stages")}
+    if staged:
+        numbers = sorted({int(k) for st in staged.values() for k in st})
+        curve_keys = [k for k in keys if k.startswith(("acc/", "val/valid"))]
+        lines += ["", "Across stages (percent, mean ± 95% t-interval across seeds; stage 0 is the first after the start):"]
+        for key in curve_keys:
+            lines += ["", f"`{key}`", "", "| engineer | " + " | ".join(f"stage {k}" for k in numbers) + " |",
+                      "|---|" + "---|" * len(numbers)]
+            for arm, st in staged.items():
+                lines.append(f"| {arm} | " + " | ".join(_cell(st.get(str(k), {}).get(key)) for k in numbers) + " |")
+    chosen = {arm: row["configs"] for arm, row in table.items() if row.get("configs")}
+    if chosen:
+        numbers = sorted({int(k) for c in chosen.values() for k in c})
+        lines += ["", "The environment each stage trained on (means across seeds, weighted by each size's share: board "
+                  "side, hole ratio, wait ratio):", "", "| engineer | " + " | ".join(f"stage {k}" for k in numbers) + " |",
+                  "|---|" + "---|" * len(numbers)]
+        for arm, c in chosen.items():
+            cells = []
+            for k in numbers:
+                m = c.get(str(k))
+                cells.append(f"{m['size']['mean']:.1f} / {m['hole_ratio']['mean']:.2f} / {m['wait_ratio']['mean']:.2f}"
+                             if m and {"size", "hole_ratio", "wait_ratio"} <= set(m) else "")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     sizes = [k for k in every if k.startswith("size/")]
     if sizes:
         names = [k.removeprefix("size/") for k in sizes]

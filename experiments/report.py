@@ -5,7 +5,9 @@ image is embedded, there is no script and no external address. The run's files a
 Sections: benchmark curves per stage (Sum over sizes per agent count, with the reference planners); training curves
 (warm-start loss and GRPO reward per step, per stage); validation valid rate per stage and size (heatmap); the last stage's benchmark per agent count and size (heatmap); the configuration's
 evolution (per-size data share, hole ratio, wait ratio across stages); failure breakdowns per stage; the engineers'
-rationales and validation notes; rendered failure cases; and the engineer comparison when given.
+rationales and validation notes; rendered failure cases; the engineer comparison when given (each engineer's
+curve across stages with 95% intervals, the tables of `env-engineer compare`: differences from `fixed` paired by
+seed, the environments each engineer chose); the sensitivity study when given.
 """
 
 from __future__ import annotations
@@ -298,6 +300,33 @@ def sensitivity_figure(summary: dict[str, Any]) -> bytes:
     return _png(fig)
 
 
+def comparison_figure(table: dict[str, Any]) -> bytes | None:
+    """Each engineer's curve across curriculum stages from an ``env-engineer compare`` table: one panel per headline
+    metric (two-agent validation, then the benchmark Sum of each agent count), mean across seeds with its 95%
+    t-interval; None when no arm has per-stage results."""
+    staged = {arm: row["stages"] for arm, row in table.items() if row.get("stages")}
+    keys = sorted({k for st in staged.values() for m in st.values() for k in m if k.startswith(("acc/", "val/valid"))},
+                  key=lambda k: (not k.startswith("val/"), k))
+    if not keys:
+        return None
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(keys), figsize=(3.2 * len(keys), 3.0), squeeze=False)
+    for ax, key in zip(axes[0], keys):
+        for i, (arm, st) in enumerate(staged.items()):
+            points = sorted((int(k), m[key]) for k, m in st.items() if key in m)
+            if points:
+                x = [k + 0.04 * (i - len(staged) / 2) for k, _ in points]  # side by side, so the intervals stay apart
+                ax.errorbar(x, [100 * m["mean"] for _, m in points], yerr=[100 * m["ci95"] for _, m in points],
+                            marker="o", ms=3, capsize=2, label=arm)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("stage")
+        ax.set_xticks(sorted({int(k) for st in staged.values() for k in st}))
+    axes[0][0].set_ylabel("percent (mean, 95% interval over seeds)")
+    axes[0][-1].legend(fontsize=7)
+    return _png(fig)
+
+
 def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None = None, title: str = "env-engineer run",
                  source: str = ".", sensitivity: Path | None = None) -> list[Path]:
     """Write the HTML report of ``run`` (:func:`load_run`) to ``out`` and its PNGs beside it; returns the files. With
@@ -307,6 +336,10 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
     sens = json.loads(sensitivity.read_text()) if sensitivity is not None else None
     if sens is not None:
         figs["sensitivity"] = sensitivity_figure(sens)
+    compared = json.loads(comparison.read_text()) if comparison is not None and comparison.exists() else None
+    curves = comparison_figure(compared) if compared else None
+    if curves is not None:
+        figs["comparison"] = curves
     cases = failure_cases(run)
     assets = out.with_suffix("").with_name(out.stem + "_assets")
     written = []
@@ -344,10 +377,12 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
             items = "".join(f"<li><b>{x['size']}x{x['size']}, {x['num_agents']} agents</b>: {html.escape(x['verdict'])}"
                             f"<pre>{html.escape(x['board'])}</pre>answer: <code>{html.escape(x['answer'])}</code></li>" for x in ex[:4])
             parts.append(f"<h3>Sampled failed answers, stage {e['stage']}</h3><ul>{items}</ul>")
-    if comparison is not None and comparison.exists():
+    if compared is not None:
         from experiments.compare import render
 
-        parts.append("<h2>Engineer comparison</h2>" + _md_table(render(json.loads(comparison.read_text()))))
+        curves = figs.get("comparison")
+        parts.append("<h2>Engineer comparison</h2>" + (_img(curves, "engineers across stages") if curves else "")
+                     + _md_table(render(compared)))
     if sens is not None:
         from experiments.sensitivity import markdown
 

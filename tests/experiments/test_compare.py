@@ -4,8 +4,8 @@ import subprocess
 import pytest
 import yaml
 
-from experiments.compare import (aggregate, experiment_plan, experiment_records, last_stage_result, mean_ci,
-                                 missing, queue_args, render, waves)
+from experiments.compare import (aggregate, config_summary, experiment_plan, experiment_records, last_stage_result,
+                                 mean_ci, missing, queue_args, render, stage_config, waves)
 from experiments.dvc import StageFiles, dvc_env
 
 
@@ -65,6 +65,53 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert [[p["name"] for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
+
+
+def test_the_comparison_follows_every_engineer_across_stages_and_shows_the_environments_it_chose():
+    """Per stage: the headline metrics' mean and interval across seeds, and the configuration each stage trained on
+    (the generate-instances stage's params file), summarised; an experiment without its last stage does not count."""
+    generate = [StageFiles(name=f"generate-instances@{k}", deps=(), params_files=(f"data/stages/{k}/config.yaml",),
+                           outs=(), metrics=(), plots=()) for k in (0, 1)]
+    stages = STAGES + generate
+    plan = experiment_plan(["heuristic", "fixed"], [0, 1])
+
+    def config(small_share: float, holes: float) -> dict:
+        return {"num_agents": 2, "sizes": {3: {"data_ratio": small_share, "hole_ratio": holes, "wait_ratio": 0.5},
+                                           9: {"data_ratio": 1 - small_share, "hole_ratio": holes, "wait_ratio": 0.5}}}
+
+    def rev(p, i):
+        heuristic = p["arm"] == "heuristic"
+        return {"name": p["name"], "data": {
+            "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}},
+                       "data/stages/0/config.yaml": {"data": config(0.5, 0.2)},
+                       "data/stages/1/config.yaml": {"data": config(0.75 if heuristic else 0.5, 0.1 if heuristic else 0.2)}},
+            "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1}}},
+                        "data/stages/0/validation_metrics.json": {"data": {"validation": {"valid": 0.3, "optimal": 0.2}}},
+                        "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.2 + 0.1 * heuristic,
+                                                                                    "se/3_agents": 0.01}}},
+                        "data/stages/1/validation_metrics.json": {"data": {"validation": {"valid": 0.4 + 0.02 * i}}}}}}
+
+    show = [{"rev": "abc", "experiments": [{"revs": [rev(p, i)]} for i, p in enumerate(plan)]}]
+    records = experiment_records(show)
+    assert stage_config(records[0], stages, 1) == config(0.75, 0.1) and stage_config(records[0], STAGES, 1) is None
+    assert config_summary(config(0.75, 0.1)) == {"size": pytest.approx(4.5), "hole_ratio": pytest.approx(0.1),
+                                                 "wait_ratio": 0.5, "min_path_length": 0.0}
+    assert config_summary({"sizes": {}}) == {}
+    table = aggregate(records, plan, stages)
+    heuristic = table["heuristic"]
+    assert list(heuristic["stages"]) == ["0", "1"]
+    assert heuristic["stages"]["0"]["acc/3_agents"]["mean"] == pytest.approx(0.1)
+    assert heuristic["stages"]["1"]["acc/3_agents"]["mean"] == pytest.approx(0.3)
+    assert heuristic["stages"]["1"]["val/valid"]["mean"] == pytest.approx(0.41)  # seeds 0 and 1: 0.40, 0.42
+    assert "se/3_agents" not in heuristic["stages"]["1"]
+    assert heuristic["configs"]["1"]["size"]["mean"] == pytest.approx(4.5)
+    assert table["fixed"]["configs"]["1"]["size"]["mean"] == pytest.approx(6.0)
+    text = render(table)
+    assert "Across stages" in text and "| heuristic | 10.0 ± 0.0 | 30.0 ± 0.0 |" in text
+    assert "| heuristic | 6.0 / 0.20 / 0.50 | 4.5 / 0.10 / 0.50 |" in text
+    assert "| fixed | 6.0 / 0.20 / 0.50 | 6.0 / 0.20 / 0.50 |" in text
+    del records[0]["metrics"]["data/stages/1/benchmark_metrics.json"]  # cmp-heuristic-s0 did not finish
+    assert aggregate(records, plan, stages)["heuristic"]["stages"]["0"]["acc/3_agents"]["n"] == 1
 
 
 SCRIPT = ("import json, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); "

@@ -61,6 +61,18 @@ def test_report_reads_the_files_dvc_yaml_declares_and_is_self_contained(tmp_path
     assert (tmp_path / "s_assets" / "sensitivity.png").exists()
     assert main(["report", "--repo", str(tmp_path), "--out", str(tmp_path / "x.html"), "--sensitivity", "nope.json"]) == 2
     assert "--sensitivity nope.json" in capsys.readouterr().err
+    # with a comparison table (`env-engineer compare`): the engineers' curves across stages and its tables
+    cell = {"mean": 0.25, "ci95": 0.05, "n": 3}
+    compared = {arm: {"seeds": [0, 1, 2], "metrics": {"acc/3_agents": cell, "val/valid": cell},
+                      "stages": {"0": {"acc/3_agents": cell, "val/valid": cell}, "1": {"acc/3_agents": cell}},
+                      "configs": {"1": {"size": cell, "hole_ratio": cell, "wait_ratio": cell}}}
+                for arm in ("heuristic", "fixed")}
+    (tmp_path / "c.json").write_text(json.dumps(compared))
+    assert main(["report", "--repo", str(tmp_path), "--out", str(tmp_path / "c.html"), "--comparison",
+                 str(tmp_path / "c.json")]) == 0
+    text = (tmp_path / "c.html").read_text()
+    assert "Engineer comparison" in text and 'alt="engineers across stages"' in text and "Across stages" in text
+    assert "The environment each stage trained on" in text and (tmp_path / "c_assets" / "comparison.png").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     shutil.copy(ROOT / "dvc.yaml", empty / "dvc.yaml")
