@@ -136,13 +136,13 @@ def padding_multiple(config: TrainSettings, compiled: bool) -> int | None:
 
 
 @contextlib.contextmanager
-def phase_clock() -> Iterator[dict[str, float]]:
+def phase_clock(totals: dict[str, float] | None = None) -> Iterator[dict[str, float]]:
     """Seconds spent in each phase of TRL's GRPO step while inside, by TRL's own profiling points (which it otherwise
     reports only to W&B, MLflow or Trackio): generation (``transformers.generate``, ``vLLM.generate``, the project's
     ``backend.generate``), ``_calculate_rewards``, log-probabilities (``_get_per_token_logps_and_entropies``),
     ``compute_loss``, ``_prepare_inputs`` (generation and scoring of a batch) and ``sync_weights``. Nested phases
-    count in each enclosing one."""
-    totals: dict[str, float] = defaultdict(float)
+    count in each enclosing one. ``totals``: the dictionary to add to (a new one when None)."""
+    totals = defaultdict(float) if totals is None else totals
     try:
         from trl.extras.profiling import ProfilingContext
 
@@ -153,7 +153,8 @@ def phase_clock() -> Iterator[dict[str, float]]:
 
     def log_metrics(self: Any, duration: float) -> None:
         owner, _, name = self.name.partition(".")  # TRL names a phase "<trainer class>.<phase>"
-        totals[name if owner.endswith("Trainer") and name else self.name] += duration
+        key = name if owner.endswith("Trainer") and name else self.name
+        totals[key] = totals.get(key, 0.0) + duration
         original(self, duration)
 
     ProfilingContext._log_metrics = log_metrics
@@ -172,21 +173,41 @@ def phase_profile(totals: dict[str, float], step_seconds: list[float]) -> dict[s
     return out
 
 
-def step_clock() -> Any:
+SLOW_STEP_SECONDS = 10.0
+"""A GRPO step at least this long prints where its time went as it ends (a run cut short still tells)."""
+
+
+def step_clock(phases: dict[str, float] | None = None, label: str = "", report: bool = False) -> Any:
     """A trainer callback whose ``seconds`` lists the wall seconds of each optimizer step (the first ones hold any
-    compilation), so a stage's metrics show where its time went."""
+    compilation), so a stage's metrics show where its time went. With ``phases`` (the totals :func:`phase_clock`
+    adds to), ``phases_per_step`` lists each step's seconds per phase, and with ``report`` a step of at least
+    :data:`SLOW_STEP_SECONDS` prints them on standard error when it ends."""
     from transformers import TrainerCallback
 
     class StepClock(TrainerCallback):
         def __init__(self) -> None:
             self.seconds: list[float] = []
+            self.phases_per_step: list[dict[str, float]] = []
             self._start = 0.0
+            self._before: dict[str, float] = {}
 
         def on_step_begin(self, args, state, control, **kwargs):
             self._start = time.perf_counter()
+            self._before = dict(phases or {})
 
         def on_step_end(self, args, state, control, **kwargs):
-            self.seconds.append(round(time.perf_counter() - self._start, 3))
+            seconds = time.perf_counter() - self._start
+            self.seconds.append(round(seconds, 3))
+            if phases is None:
+                return
+            step = {k: round(v - self._before.get(k, 0.0), 3) for k, v in sorted(phases.items())
+                    if v - self._before.get(k, 0.0) > 0}
+            self.phases_per_step.append(step)
+            if report and seconds >= SLOW_STEP_SECONDS:
+                inside = step.get("_prepare_inputs", 0.0) + step.get("compute_loss", 0.0)
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in step.items() if not k.startswith("_prepare"))
+                print(f"{label} step {len(self.seconds)}: {seconds:.1f} s ({parts}, other {max(0.0, seconds - inside):.1f})",
+                      file=sys.stderr, flush=True)
 
     return StepClock()
 
@@ -257,12 +278,13 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)
     reward = RecordingReward(policy.reward)
-    clock = step_clock()
+    phases: dict[str, float] = {}
+    clock = step_clock(phases, "train (GRPO)", report=progress)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
                           processing_class=tok, rollout_func=rollout_func,
                           callbacks=[clock, trainer_progress("train (GRPO)", progress)])
     start = time.perf_counter()
-    with phase_clock() as phases:
+    with phase_clock(phases):
         trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows
@@ -273,6 +295,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     metrics = summarize_grpo(rows, steps, seconds, use_vllm)
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/phase_seconds"] = phase_profile(phases, clock.seconds)
+    metrics["train/step_phase_seconds"] = clock.phases_per_step
     metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
     return metrics, rows
 

@@ -39,7 +39,10 @@ def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
             assert demo["prompt"][-1]["role"] == "user"
 
 
-def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path):
+def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path, monkeypatch, capsys):
+    import steps.train
+
+    monkeypatch.setattr(steps.train, "SLOW_STEP_SECONDS", 0.0)  # every GRPO step says where its time went
     out = tmp_path / "stage1"
     metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", *tiny(tiny_model_dir),
                     out_details=out / "details.json", out_sft_history=out / "sft.json", out_grpo_history=out / "grpo.json")
@@ -60,6 +63,9 @@ def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_
     phases = details["train/phase_seconds"]
     assert {"transformers.generate", "_calculate_rewards", "compute_loss", "_prepare_inputs"} <= set(phases), phases
     assert phases["other (backward, optimizer, between)"] >= 0 and phases["transformers.generate"] > 0
+    per_step = details["train/step_phase_seconds"]  # the same per step, printed as each step ended
+    assert len(per_step) == 1 and per_step[0]["transformers.generate"] == phases["transformers.generate"]
+    assert "train (GRPO) step 1: " in capsys.readouterr().err
     # one file per curve, each a list of {step, value} rows (what `dvc plots show` draws)
     sft = json.loads((out / "sft.json").read_text())
     grpo = json.loads((out / "grpo.json").read_text())
