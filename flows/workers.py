@@ -7,7 +7,8 @@ starts ``prefect worker start --pool POOL --name POOL-gpu-I --limit SLOTS`` once
 environment, so every stage of an experiment it runs (``dvc exp run --temp``, one process per stage) sees that GPU
 alone. ``--slots k`` lets a worker run k flow runs at once (small models share a card well). Any worker takes any
 scheduled run of the pool, so N GPUs work through a queue of experiments N (x k) at a time; ``env-engineer compare
---via prefect`` fills that queue. The workers stop together on Ctrl-C (or SIGTERM), and if one of them exits.
+--via prefect`` fills that queue. The workers stop together on Ctrl-C (or SIGTERM), and if one of them exits; a
+worker still running 20 s later is killed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,21 +64,41 @@ def run(args: argparse.Namespace) -> int:
         return 2
     procs = []
     for env, argv in commands:
-        procs.append(subprocess.Popen(argv, env=env))
+        # each worker in a session of its own: stopping it reaches the process worker its `prefect` command starts
+        procs.append(subprocess.Popen(argv, env=env, start_new_session=True))
         print(f"worker {argv[argv.index('--name') + 1]} (CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}, "
               f"pid {procs[-1].pid})", flush=True)
 
-    def stop(*_: object) -> None:
+    def signal_all(sig: int) -> None:
         for p in procs:
             if p.poll() is None:
-                p.terminate()
+                try:
+                    os.killpg(p.pid, sig)
+                except ProcessLookupError:
+                    pass
 
-    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGTERM, lambda *_: signal_all(signal.SIGTERM))
     try:
         while all(p.poll() is None for p in procs):
             time.sleep(1.0)
     except KeyboardInterrupt:
         pass
-    stop()
-    codes = [p.wait(timeout=60) for p in procs]
-    return 0 if all(c in (0, -signal.SIGTERM, -signal.SIGINT) for c in codes) else 1
+    return stop_workers(procs, signal_all)
+
+
+STOP_GRACE_SECONDS = 20.0
+"""How long the workers get to shut down after SIGTERM before they are killed."""
+
+
+def stop_workers(procs: list[subprocess.Popen], signal_all: Any) -> int:
+    """SIGTERM to every worker still running, SIGKILL to any that has not exited :data:`STOP_GRACE_SECONDS` later
+    (a Prefect worker can take minutes to shut down gracefully); 0 when every worker ended by its stop or cleanly."""
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_SECONDS
+    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if any(p.poll() is None for p in procs):
+        print(f"workers still running {STOP_GRACE_SECONDS:.0f} s after SIGTERM: killed", file=sys.stderr, flush=True)
+        signal_all(signal.SIGKILL)
+    codes = [p.wait() for p in procs]
+    return 0 if all(c in (0, -signal.SIGTERM, -signal.SIGINT, -signal.SIGKILL) for c in codes) else 1

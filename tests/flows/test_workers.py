@@ -30,6 +30,47 @@ def test_bad_gpu_lists_are_explained(capsys):
     assert "--gpus 'x'" in capsys.readouterr().err
 
 
+def test_workers_that_ignore_sigterm_are_killed_after_the_grace_period(monkeypatch, capsys):
+    """A Prefect worker can take minutes to shut down after SIGTERM: past the grace period it is killed, its whole
+    session with it (the `prefect` command and the process worker it starts)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import flows.workers as workers
+
+    monkeypatch.setattr(workers, "STOP_GRACE_SECONDS", 1.0)
+    polite = "import time; time.sleep(60)"
+    stubborn = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                "c = subprocess.Popen([sys.executable, '-c', 'import signal, time; "
+                "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)']); print(c.pid, flush=True); "
+                "time.sleep(60)")
+    procs = [subprocess.Popen([sys.executable, "-c", polite], start_new_session=True),
+             subprocess.Popen([sys.executable, "-c", stubborn], start_new_session=True, stdout=subprocess.PIPE, text=True)]
+    child = int(procs[1].stdout.readline())  # the stubborn one's own child, as `prefect worker start` has one
+
+    def signal_all(sig):
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, sig)
+
+    start = time.monotonic()
+    assert workers.stop_workers(procs, signal_all) == 0
+    assert time.monotonic() - start < 10 and [p.returncode for p in procs] == [-signal.SIGTERM, -signal.SIGKILL]
+    assert "killed" in capsys.readouterr().err
+    time.sleep(0.5)  # the child went with its session: gone, or a zombie waiting to be reaped
+
+    def state(pid):
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return "gone"
+
+    assert state(child) in ("gone", "Z", "X"), state(child)
+
+
 def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
     """Against a real Prefect server: the curriculum deployment, `env-engineer workers --gpus 0,1` (two process
     workers), and `env-engineer compare --via prefect` on a stand-in pipeline: each wave's experiments are taken by
