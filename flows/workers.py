@@ -77,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
                 except ProcessLookupError:
                     pass
 
-    signal.signal(signal.SIGTERM, lambda *_: signal_all(signal.SIGTERM))
+    stopping: list[int] = []  # SIGTERM ends the wait below; the workers are then stopped as on Ctrl-C
+    signal.signal(signal.SIGTERM, lambda sig, _: stopping.append(sig))
     try:
-        while all(p.poll() is None for p in procs):
-            time.sleep(1.0)
+        while not stopping and all(p.poll() is None for p in procs):
+            time.sleep(0.2)
     except KeyboardInterrupt:
         pass
     return stop_workers(procs, signal_all)

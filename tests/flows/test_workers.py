@@ -71,6 +71,39 @@ def test_workers_that_ignore_sigterm_are_killed_after_the_grace_period(monkeypat
     assert state(child) in ("gone", "Z", "X"), state(child)
 
 
+def test_sigterm_to_the_workers_command_stops_stubborn_workers_within_the_grace_period(tmp_path):
+    """The whole path: `env-engineer workers` gets SIGTERM while its workers (stand-ins that ignore SIGTERM, as a
+    Prefect worker busy shutting down does) keep running: it stops waiting, kills them after the grace period and
+    exits 0."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT
+
+    script = tmp_path / "workers.py"
+    script.write_text(f"""
+import argparse, os, sys
+sys.path.insert(0, {str(ROOT)!r})
+import flows.workers as w
+w.STOP_GRACE_SECONDS = 1.0
+stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('up', flush=True); time.sleep(60)"
+w.worker_commands = lambda pool, gpus, slots, repo: [
+    ({{**os.environ, "CUDA_VISIBLE_DEVICES": g}}, [sys.executable, "-c", stubborn, "--name", f"{{pool}}-gpu-{{g}}"])
+    for g in gpus]
+args = argparse.Namespace(pool="gpu-pool", gpus="0,1", slots=1, repo=w.ROOT)
+sys.exit(w.run(args))
+""")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = [proc.stdout.readline() for _ in range(4)]  # two "worker ..." lines and each stand-in's "up"
+    assert sum(line.startswith("worker gpu-pool-gpu-") for line in lines) == 2, lines
+    start = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 0
+    assert time.monotonic() - start < 15 and "killed" in proc.stderr.read()
+
+
 def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
     """Against a real Prefect server: the curriculum deployment, `env-engineer workers --gpus 0,1` (two process
     workers), and `env-engineer compare --via prefect` on a stand-in pipeline: each wave's experiments are taken by
