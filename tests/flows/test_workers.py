@@ -154,8 +154,12 @@ def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
         assert "Worker 'gpu-pool-gpu-0' submitting flow run" in log and "Worker 'gpu-pool-gpu-1' submitting flow run" in log
         assert "worker gpu-pool-gpu-1 (CUDA_VISIBLE_DEVICES=1" in log
     finally:
-        if workers is not None:
-            workers.send_signal(signal.SIGTERM)
-            workers.wait(timeout=60)
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        try:
+            if workers is not None:
+                workers.send_signal(signal.SIGTERM)
+                assert workers.wait(timeout=60) == 0  # it kills workers slow to shut down after 20 s
+        finally:
+            if workers is not None and workers.poll() is None:
+                workers.kill()
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
