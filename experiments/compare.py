@@ -223,11 +223,16 @@ def config_summary(config: dict[str, Any]) -> dict[str, float]:
             "hole_ratio": mean("hole_ratio"), "wait_ratio": mean("wait_ratio"), "min_path_length": mean("min_path_length")}
 
 
-def final_stage(params: dict[str, Any]) -> int | None:
-    """The last stage of the experiment's curriculum (``params.yaml``'s ``curriculum``), or None when it has none."""
+def curriculum_stages(params: dict[str, Any]) -> list[int]:
+    """The stages of the experiment's curriculum (``params.yaml``'s ``curriculum``), in order."""
     stages = [row.get("stage") for row in params.get("curriculum") or [] if isinstance(row, dict)]
-    stages = [s for s in stages if isinstance(s, int)]
-    return max(stages) if stages else None
+    return sorted(s for s in stages if isinstance(s, int))
+
+
+def final_stage(params: dict[str, Any]) -> int | None:
+    """The last stage of the experiment's curriculum, or None when it has none."""
+    stages = curriculum_stages(params)
+    return stages[-1] if stages else None
 
 
 def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[str, float] | None:
@@ -240,9 +245,8 @@ def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[
 
 def stage_results(record: dict[str, Any], stages: list[StageFiles]) -> dict[int, dict[str, float]]:
     """:func:`stage_result` of every curriculum stage of the experiment that has one, by stage."""
-    items = [row.get("stage") for row in record["params"].get("curriculum") or [] if isinstance(row, dict)]
-    results = {k: stage_result(record, stages, k) for k in items if isinstance(k, int)}
-    return {k: r for k, r in sorted(results.items()) if r is not None}
+    results = {k: stage_result(record, stages, k) for k in curriculum_stages(record["params"])}
+    return {k: r for k, r in results.items() if r is not None}
 
 
 def stage_result(record: dict[str, Any], stages: list[StageFiles], stage: int) -> dict[str, float] | None:
@@ -278,7 +282,8 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages:
     seeds: dict[str, list[int]] = defaultdict(list)
     for rec in records:
         arm = arms.get(rec["name"])
-        result = last_stage_result(rec, stages) if arm else None
+        per = stage_results(rec, stages) if arm else {}
+        result = per.get(final_stage(rec["params"]))
         if arm is None or result is None:
             continue
         seed = rec["params"].get("train", {}).get("seed")
@@ -286,7 +291,7 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages:
         for key, value in result.items():
             values[arm][key].append(float(value))
             by_seed[arm][key][seed] = float(value)
-        for k, stage in stage_results(rec, stages).items():
+        for k, stage in per.items():
             for key, value in stage.items():
                 if not key.startswith(("size/", "se/")):
                     per_stage[arm][k][key].append(float(value))

@@ -380,7 +380,6 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
     if compared is not None:
         from experiments.compare import render
 
-        curves = figs.get("comparison")
         parts.append("<h2>Engineer comparison</h2>" + (_img(curves, "engineers across stages") if curves else "")
                      + _md_table(render(compared)))
     if sens is not None:

@@ -20,6 +20,7 @@ two seeds of one configuration, i.e. what an engineer could gain per stage again
 from __future__ import annotations
 
 import argparse
+import functools
 import glob
 import json
 import math
@@ -198,11 +199,6 @@ def run_once(cmd: list[str], done: Path, log: Path) -> None:
         raise RuntimeError(f"`{' '.join(cmd[2:5])} ...` failed (exit {proc.returncode}); its output: {log}")
 
 
-def task_name(task: tuple[Any, ...]) -> str:
-    """``start`` or ``<configuration>/s<seed>``: the run a (function, arguments) task of :func:`run` makes."""
-    return "start" if len(task) == 1 else f"{task[1].stem}/s{task[2]}"
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"),
                         help="parameters file whose policy, train and rollout sections every run uses (the per-stage "
@@ -301,15 +297,14 @@ def run(args: argparse.Namespace) -> int:
             runs[name] = trajectories
         print(f"{name}: trained and scored ({time.monotonic() - started:.0f} s)", flush=True)
 
-    failed: list[tuple[tuple[Any, ...], str]] = []  # (function and arguments, error)
+    tasks = [("start", start_run), *((f"{c.stem}/s{s}", functools.partial(one, c, s)) for c, s in plan)]
+    failed: list[tuple[str, Any, str]] = []  # (run, its task, error)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        tasks = [((start_run,), pool.submit(start_run)),
-                 *(((one, config, seed), pool.submit(one, config, seed)) for config, seed in plan)]
-        for task, future in tasks:
+        for (name, task), future in [(t, pool.submit(t[1])) for t in tasks]:
             try:
                 future.result()
             except RuntimeError as e:  # one failed run does not stop the others; the summary covers what finished
-                failed.append((task, str(e)))
+                failed.append((name, task, str(e)))
                 print(f"error: {e}", file=sys.stderr, flush=True)
     # Runs sharing a GPU fail for want of its memory when the others peak (a vLLM engine that cannot start, an
     # out-of-memory error): each failed run is tried again, one at a time, from the commands it had not finished,
@@ -318,14 +313,14 @@ def run(args: argparse.Namespace) -> int:
         if not failed or (args.budget_s is not None and time.monotonic() - started > args.budget_s):
             break
         again, failed = failed, []
-        for task, _ in again:
-            print(f"retry {attempt + 1} of {args.retries}: {task_name(task)}", flush=True)
+        for name, task, _ in again:
+            print(f"retry {attempt + 1} of {args.retries}: {name}", flush=True)
             try:
-                task[0](*task[1:])
+                task()
             except RuntimeError as e:
-                failed.append((task, str(e)))
+                failed.append((name, task, str(e)))
                 print(f"error: {e}", file=sys.stderr, flush=True)
-    failures = [f"{task_name(task)}: {error}" for task, error in failed]
+    failures = [f"{name}: {error}" for name, _, error in failed]
     runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c in configs for s in seeds)] if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")

@@ -142,7 +142,7 @@ def phase_clock(totals: dict[str, float] | None = None) -> Iterator[dict[str, fl
     ``backend.generate``), ``_calculate_rewards``, log-probabilities (``_get_per_token_logps_and_entropies``),
     ``compute_loss``, ``_prepare_inputs`` (generation and scoring of a batch) and ``sync_weights``. Nested phases
     count in each enclosing one. ``totals``: the dictionary to add to (a new one when None)."""
-    totals = defaultdict(float) if totals is None else totals
+    totals = {} if totals is None else totals
     try:
         from trl.extras.profiling import ProfilingContext
 
@@ -204,10 +204,9 @@ def step_clock(phases: dict[str, float] | None = None, label: str = "", report: 
                     if v - self._before.get(k, 0.0) > 0}
             self.phases_per_step.append(step)
             if report and seconds >= SLOW_STEP_SECONDS:
-                inside = step.get("_prepare_inputs", 0.0) + step.get("compute_loss", 0.0)
-                parts = ", ".join(f"{k} {v:.1f}" for k, v in step.items() if not k.startswith("_prepare"))
-                print(f"{label} step {len(self.seconds)}: {seconds:.1f} s ({parts}, other {max(0.0, seconds - inside):.1f})",
-                      file=sys.stderr, flush=True)
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in phase_profile(step, [seconds]).items()
+                                  if not k.startswith("_prepare"))
+                print(f"{label} step {len(self.seconds)}: {seconds:.1f} s ({parts})", file=sys.stderr, flush=True)
 
     return StepClock()
 
