@@ -52,9 +52,15 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
     from policy.backends import SamplingParams, TransformersBackend
     from policy.models import LoadedModel
 
-    device = str(next(model.parameters()).device)
-    loaded = LoadedModel(model, tokenizer, "grpo-policy", None, device)
-    backend = TransformersBackend.from_loaded(loaded, batch_size=1, cache=cache)
+    backends: dict[str, Any] = {}  # by device: the trainer moves the model onto its device after this is built
+
+    def backend_for_model() -> Any:
+        device = str(next(model.parameters()).device)
+        if device not in backends:
+            backends[device] = TransformersBackend.from_loaded(LoadedModel(model, tokenizer, "grpo-policy", None, device),
+                                                               batch_size=1, cache=cache)
+        return backends[device]
+
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=())
     eos = tokenizer.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
@@ -69,6 +75,7 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
             return sample(prompts)
 
     def sample(prompts: list) -> dict[str, Any]:
+        backend = backend_for_model()
         enc = backend.encode(prompt_texts(tokenizer, prompts), prompt_len)
         if prompt_len and enc["input_ids"].shape[1] > prompt_len:
             raise ValueError(f"a GRPO prompt of {enc['input_ids'].shape[1]} tokens is longer than prompt_len = {prompt_len}")

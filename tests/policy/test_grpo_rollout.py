@@ -29,3 +29,25 @@ def test_backend_rollout_pads_to_one_shape_and_returns_unpadded_prompts(tiny_mod
     assert model.training  # put back in training mode after sampling
     with pytest.raises(ValueError, match="longer than prompt_len"):
         rollout([[{"role": "user", "content": "far too long " * 50}]], None)
+
+
+def test_backend_rollout_samples_on_the_device_the_model_has_when_called(tiny_model_dir, monkeypatch):
+    """The trainer moves the model onto its device after the rollout is built: the backend (its device, hence where
+    the prompts go and whether the static, compiled cache is used) is read at sampling time, not at construction. On
+    CUDA a backend built too early put every prompt on the CPU and sampled each token there (about 30x slower)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from policy.backends import TransformersBackend
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    built = []
+    real = TransformersBackend.from_loaded.__func__
+    monkeypatch.setattr(TransformersBackend, "from_loaded",
+                        classmethod(lambda cls, loaded, **kw: built.append(loaded.device) or real(cls, loaded, **kw)))
+    rollout = backend_rollout(model, tok, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0)
+    assert built == []  # nothing about the model's placement is fixed before the first call
+    prompts = [[{"role": "user", "content": "go"}]]
+    rollout(prompts, None)
+    rollout(prompts, None)
+    assert built == ["cpu"]  # one backend per device, reused across steps
