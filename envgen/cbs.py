@@ -15,7 +15,9 @@ optimal.
 Agents in different connected components never meet, so each component's agents are solved as an independent group.
 CBS cannot prove that no plan exists, and crowded pockets (several agents shuffling through a few cells) make its
 tree explode, so the exhaustive searches of :mod:`envgen.cbs_joint` back it up. Two agents on a small board
-(``SolverBudget.max_joint_work``: up to 10x10 by default) go to the exact joint A* after ``JOINT_HANDOVER`` nodes. A
+(``SolverBudget.max_joint_work``: up to 10x10 by default) whose root conflicts are first checked for a pocket they
+cannot leave (a reachability search of at most ``POCKET_STATES`` configurations), then go to the exact joint A* after
+``JOINT_HANDOVER`` nodes. A
 larger group (up to ``EXHAUSTIVE_AGENTS`` agents) that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes is first
 checked for reachability (if the group, or some of its agents alone, cannot reach their goals at all, no plan exists:
 a proof), then given to the joint A*, each within ``SolverBudget.max_joint_states`` states; only then does CBS go on.
@@ -43,6 +45,10 @@ __all__ = ["CBSOptions", "EXHAUSTIVE_AFTER", "EXHAUSTIVE_AGENTS", "JOINT_HANDOVE
 
 JOINT_HANDOVER = 8
 """CBS nodes expanded before the joint search takes over, where it applies (see ``SolverBudget.max_joint_work``)."""
+POCKET_STATES = 64
+"""Where the joint search applies and the root has conflicts, a time-free reachability search of at most this many
+configurations runs first: it proves a pair shut in a pocket unsolvable (about 0.15 ms, where CBS's nodes and the
+exhausted joint A* took about 5 ms on the training distribution) and otherwise stops undecided, changing nothing."""
 
 EXHAUSTIVE_AFTER = 64
 """CBS nodes expanded on a group of agents (beyond the two-agent handover) before the exhaustive searches try it."""
@@ -227,6 +233,11 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
     extra = 0
     if got is None:
         if handover:
+            # A pair whose root conflicts may be in a pocket it cannot get out of: exhausting the smaller end of the
+            # time-free configuration search proves that far more cheaply than CBS's nodes and the joint A* would.
+            if reachable(grid, starts, goals, POCKET_STATES) is False:
+                return Unsolved(UnsolvedReason.UNSOLVABLE, "no sequence of moves brings the agents from their starts to "
+                                "their goals (exhaustive reachability)", 0, ())
             got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
         else:
             got = search.resume(min(budget.max_nodes, EXHAUSTIVE_AFTER))

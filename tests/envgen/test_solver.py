@@ -135,3 +135,35 @@ def test_cbs_matches_exhaustive_joint_search(seed, size, holes, agents, head_on)
     assert_optimal_plan(inst, result)
     assert_optimal_plan(inst, joint)
     assert result.needs_wait == (result.soc > sum(result.shortest))
+
+
+def test_pairs_shut_in_pockets_are_proven_unsolvable_before_cbs_and_agree_with_the_joint_search():
+    """Two agents whose root conflicts get a small time-free reachability search first (``POCKET_STATES``): a pocket
+    they cannot leave is proved unsolvable with no CBS node; every verdict equals the exhaustive joint A*'s."""
+    import random
+
+    from envgen.cbs_joint import JointFailure, joint_search
+    from envgen.generator import draw_instance
+    from envgen.config import SizeConfig
+    from envgen.grid import grid_of
+
+    rng = random.Random(11)
+    pockets = solved = 0
+    for _ in range(400):
+        size = rng.randint(3, 5)
+        inst = draw_instance(rng, size, SizeConfig(data_ratio=1.0, hole_ratio=0.35, wait_ratio=0.5), 2,
+                             head_on=rng.random() < 0.7)
+        if inst is None:
+            continue
+        result = solve(inst)
+        if isinstance(result, Unsolved) and result.reason is UnsolvedReason.NO_PATH:
+            continue
+        grid = grid_of(inst.rows)
+        joint = joint_search(grid, [grid.index(c) for c in inst.starts], [grid.index(c) for c in inst.goals], 10**6)
+        if isinstance(joint, JointFailure):
+            assert joint.unsolvable and isinstance(result, Unsolved) and result.reason is UnsolvedReason.UNSOLVABLE
+            pockets += result.nodes == 0
+        else:
+            assert isinstance(result, Solved) and result.soc == joint.soc
+            solved += 1
+    assert pockets >= 10 and solved >= 100  # both kinds were exercised
