@@ -10,8 +10,9 @@ the comparison shows in the Prefect UI and spreads over the GPUs; the results ar
 only collects the experiments already there. ``--contexts`` compares context variants of the ``policy`` engineer
 instead (the paper's ablation).
 
-The queue runs in two waves: first one experiment per seed, then the rest, so that the stages every engineer of a seed
-shares (everything before the engineers' first decision) run once and the others restore them from DVC's run-cache.
+The queue runs in two waves: first, per seed, a short experiment (``cmp-shared-s<seed>``, removed afterwards) that runs
+only the stages every engineer of that seed shares (everything before the engineers' first decision), then every
+experiment at once, each restoring those stages from DVC's run-cache.
 Each queued experiment's stages run in processes of their own; with ``ENV_ENGINEER_GPUS`` set (:mod:`policy.devices`)
 each claims a GPU of that pool, or shares them (``ENV_ENGINEER_GPU_SLOTS``).
 
@@ -65,13 +66,31 @@ def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] 
     return plan
 
 
-def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset()) -> list[list[dict[str, Any]]]:
-    """The plan less the experiments in ``done``, in two waves: the first remaining experiment of each seed, then the
-    rest, so that the stages every engineer of a seed shares run once and are restored from DVC's run-cache."""
+SHARED_PREFIX = "cmp-shared-s"
+"""Name prefix of the short experiments that run a seed's shared stages (``cmp-shared-s<seed>``), removed after."""
+
+
+def shared_stages(stages: list[StageFiles]) -> list[str]:
+    """The stages every engineer of a seed runs alike: those of the first curriculum item except its engineer's
+    (``engineer-config``, the first decision); DVC runs what they depend on with them."""
+    first = next((s.item for s in stages if s.item is not None), None)
+    return [s.name for s in stages if first is not None and s.item == first and s.step != "engineer-config"]
+
+
+def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset(),
+          shared: list[str] | tuple[str, ...] = ()) -> list[list[dict[str, Any]]]:
+    """The plan less the experiments in ``done``, in two waves, so that the stages every engineer of a seed shares run
+    once and the others restore them from DVC's run-cache. With ``shared`` (:func:`shared_stages`): first a short
+    experiment per seed that runs only those stages (``targets``; named ``cmp-shared-s<seed>``), then every remaining
+    experiment at once. Without: the first remaining experiment of each seed, whole, then the rest."""
     todo = [item for item in plan if item["name"] not in done]
     first: dict[Any, dict[str, Any]] = {}
     for item in todo:
         first.setdefault(item["seed"], item)
+    if shared:
+        prefix = [{**item, "name": f"{SHARED_PREFIX}{seed}", "arm": None, "targets": list(shared)}
+                  for seed, item in first.items()]
+        return [w for w in (prefix, todo) if w]
     rest = [item for item in todo if first[item["seed"]] is not item]
     return [w for w in (list(first.values()), rest) if w]
 
@@ -81,7 +100,7 @@ def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     args = ["exp", "run", "--queue", "-n", item["name"]]
     for key, value in {**item["set"], **extra}.items():
         args += ["-S", f"{key}={json.dumps(value)}"]
-    return args
+    return args + list(item.get("targets", ()))
 
 
 def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0) -> dict[str, str]:
@@ -112,6 +131,8 @@ def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any]
 
     try:
         parameters = {"overrides": {**item["set"], **extra}, "name": item["name"]}
+        if item.get("targets"):
+            parameters["targets"] = list(item["targets"])
         if repo is not None:
             parameters["repo"] = str(repo.resolve())
         flow_run = run_deployment(deployment, parameters=parameters,
@@ -423,7 +444,7 @@ def run(args: argparse.Namespace) -> int:
         if args.run:
             done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
                     if last_stage_result(rec, stages) is not None}
-            for wave in waves(plan, done):
+            for wave in waves(plan, done, shared_stages(stages)):
                 if args.via == "prefect":
                     states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
                 else:
@@ -434,6 +455,12 @@ def run(args: argparse.Namespace) -> int:
                 failed = [name for name, state in states.items() if state == "Failed"]
                 if failed:
                     print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)
+                scaffolding = [name for name in states if name.startswith(SHARED_PREFIX)]
+                if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
+                    try:
+                        dvc(["exp", "remove", *scaffolding], args.repo)
+                    except DvcError as e:
+                        print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
         records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
         table = aggregate(records, plan, stages, args.reference)
         absent = missing(records, plan, stages)

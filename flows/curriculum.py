@@ -103,17 +103,18 @@ def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 @flow(name="curriculum", log_prints=True)
 def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides: dict[str, Any] | None = None,
-               name: str | None = None) -> dict:
+               name: str | None = None, targets: list[str] | None = None) -> dict:
     """Run the curriculum: every stage of ``dvc.yaml`` (or, of the curriculum's stages, only those in ``stages``), or,
     with ``overrides``, the whole pipeline as a temporary DVC experiment with those parameter values (named ``name``,
-    e.g. by ``env-engineer compare --via prefect``, else by DVC)."""
+    e.g. by ``env-engineer compare --via prefect``, else by DVC; with ``targets``, only those DVC stages and what they
+    depend on)."""
     from pipeline.params import load_params
 
     root = Path(repo).resolve()
     if overrides:
         load_params(root / "params.yaml", overrides)  # a bad override stops here, naming the field and the fix
         sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
-        output = experiment((["-n", name] if name else []) + sets, str(root))
+        output = experiment((["-n", name] if name else []) + sets + list(targets or []), str(root))
         return {"experiment": output[-2000:]}
     plan = pipeline_stages(root)
     done: list[int] = []

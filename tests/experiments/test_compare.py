@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from experiments.compare import (aggregate, config_summary, experiment_plan, experiment_records, last_stage_result,
-                                 mean_ci, missing, queue_args, render, stage_config, waves)
+                                 mean_ci, missing, queue_args, render, shared_stages, stage_config, waves)
 from experiments.dvc import StageFiles, dvc_env
 
 
@@ -63,6 +63,13 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
     left = waves(plan, {"cmp-heuristic-s0", "cmp-heuristic-s1", "cmp-heuristic-s2", "cmp-fixed-s1"})
     assert [[p["name"] for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
+    shared = shared_stages(STAGES + [stage("engineer-config@0", "x"), stage("benchmark", "y")])
+    assert shared == ["rollout@0", "evaluate@0"]  # the first item's stages but its engineer's
+    prefix, every = waves(plan, {"cmp-fixed-s1"}, shared)  # a short experiment per seed, then every one at once
+    assert [p["name"] for p in prefix] == ["cmp-shared-s0", "cmp-shared-s1", "cmp-shared-s2"]
+    assert prefix[0]["set"] == plan[0]["set"] and queue_args(prefix[0], {})[-2:] == ["rollout@0", "evaluate@0"]
+    assert [p["name"] for p in every] == [p["name"] for p in plan if p["name"] != "cmp-fixed-s1"]
+    assert waves(plan, {p["name"] for p in plan}, shared) == []
     ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
@@ -132,6 +139,10 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert main(args + ["--run", "--jobs", "2"]) == 0
     printed = capsys.readouterr().out
     assert "queued cmp-fixed-s1" in printed and "queue:" in printed
+    assert printed.index("queued cmp-shared-s1") < printed.index("queued cmp-fixed-s1")  # each seed's shared stages first
+    listed = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=tmp_path, capture_output=True, text=True,
+                            env=dvc_env(), check=True).stdout
+    assert "cmp-fixed-s1" in listed and "cmp-shared" not in listed  # the scaffolding experiments are removed
     table = json.loads(out_json.read_text())
     assert table["fixed"]["seeds"] == [1, 2] and table["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.15)
     assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.65)

@@ -146,7 +146,9 @@ def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
         out = run(str(bin_dir / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic",
                   "--seeds", "1,2", "--run", "--via", "prefect", "--out-json", str(tmp_path / "c.json"),
                   "--out-md", str(tmp_path / "c.md"), timeout=600).stdout
-        assert "submitted cmp-fixed-s1 to curriculum/curriculum" in out and "flow runs: 2 completed" in out
+        assert "submitted cmp-fixed-s1 to curriculum/curriculum" in out and "flow runs: 4 completed" in out
+        # first each seed's shared stages alone (a flow run with DVC targets), then the four experiments at once
+        assert out.index("submitted cmp-shared-s1") < out.index("flow runs: 2 completed") < out.index("submitted cmp-fixed-s1")
         table = json.loads((tmp_path / "c.json").read_text())
         assert table["fixed"]["seeds"] == [1, 2] and table["heuristic"]["seeds"] == [1, 2]
         assert abs(table["heuristic"]["metrics"]["acc/3_agents"]["mean"] - 0.65) < 1e-9
