@@ -50,6 +50,9 @@ POCKET_STATES = 64
 configurations runs first: it proves a pair shut in a pocket unsolvable (about 0.15 ms, where CBS's nodes and the
 exhausted joint A* took about 5 ms on the training distribution) and otherwise stops undecided, changing nothing."""
 
+NO_SEQUENCE = "no sequence of moves brings the agents from their starts to their goals (exhaustive reachability)"
+"""Why a group is unsolvable when the reachability search exhausted one end (:func:`envgen.cbs_joint.reachable`)."""
+
 EXHAUSTIVE_AFTER = 64
 """CBS nodes expanded on a group of agents (beyond the two-agent handover) before the exhaustive searches try it."""
 
@@ -236,8 +239,7 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
             # A pair whose root conflicts may be in a pocket it cannot get out of: exhausting the smaller end of the
             # time-free configuration search proves that far more cheaply than CBS's nodes and the joint A* would.
             if reachable(grid, starts, goals, POCKET_STATES) is False:
-                return Unsolved(UnsolvedReason.UNSOLVABLE, "no sequence of moves brings the agents from their starts to "
-                                "their goals (exhaustive reachability)", 0, ())
+                return Unsolved(UnsolvedReason.UNSOLVABLE, NO_SEQUENCE, 0, ())
             got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
         else:
             got = search.resume(min(budget.max_nodes, EXHAUSTIVE_AFTER))
@@ -282,7 +284,7 @@ def _exhaustive(grid: Grid, agents: list[int], starts: list[int], goals: list[in
     spent = 0
     whole = reachable(grid, starts, goals, max_states)
     if whole is False:
-        return "no sequence of moves brings the agents from their starts to their goals (exhaustive reachability)"
+        return NO_SEQUENCE
     if whole is None:
         for size in (2, 3):
             for subset in combinations(range(len(agents)), size):

@@ -455,7 +455,7 @@ def run(args: argparse.Namespace) -> int:
                 failed = [name for name, state in states.items() if state == "Failed"]
                 if failed:
                     print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)
-                scaffolding = [name for name in states if name.startswith(SHARED_PREFIX)]
+                scaffolding = [item["name"] for item in wave if item.get("targets")]
                 if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
                     try:
                         dvc(["exp", "remove", *scaffolding], args.repo)
