@@ -151,6 +151,8 @@ class LLMEngineer:
         return self.backend.generate([[{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]], 1, params)[0][0]
 
     def propose(self, inp: EngineerInput) -> Proposal:
+        from policy.backends import ConstrainedDecodingUnavailable
+
         schema = json.dumps(proposal_schema(sorted(inp.current.sizes))) if self.constrained else None
         own = None
         attempts: list[dict[str, Any]] = []
@@ -167,6 +169,8 @@ class LLMEngineer:
         for k in range(self.attempts):
             try:
                 gen = self._ask(prompt, schema, self.seed + k)
+            except ConstrainedDecodingUnavailable:
+                raise  # an install problem, not a failed attempt: the caller stops with the fix
             except Exception as e:  # noqa: BLE001
                 attempts.append({"attempt": k + 1, "raw_output": None, "error": f"{type(e).__name__}: {e}"[:300]})
                 continue

@@ -29,6 +29,16 @@ class BackendError(RuntimeError):
     """A backend could not generate (missing package, unreachable endpoint after retries, bad response)."""
 
 
+class ConstrainedDecodingUnavailable(BackendError):
+    """Constrained JSON was asked for (``SamplingParams.json_schema``) and the backend cannot decode under a schema:
+    an install problem, never a reason to answer unconstrained."""
+
+
+XGRAMMAR_MISSING = ("constrained JSON decoding needs xgrammar, which is not installed here: install it "
+                    "(`pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi`, the `constrained` extra; the `gpu` extra "
+                    "has it too), or ask for unconstrained output (`engineer.constrained: false`)")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample.
@@ -166,13 +176,14 @@ class TransformersBackend:
         return self.cache == "static" or (self.cache == "auto" and str(self.loaded.device).startswith("cuda"))
 
     def _logits_processor(self, schema: str | None):
-        """An xgrammar logits processor for ``schema``, or None (no schema, or xgrammar not installed)."""
+        """An xgrammar logits processor for ``schema``, or None without a schema; :class:`ConstrainedDecodingUnavailable`
+        when xgrammar is not installed (answering unconstrained would silently change what the caller asked for)."""
         if schema is None:
             return None
         try:
             import xgrammar as xgr
         except ImportError:
-            return None
+            raise ConstrainedDecodingUnavailable(XGRAMMAR_MISSING) from None
         if self._compiler is None:
             vocab = self.loaded.model.get_output_embeddings().weight.shape[0]
             self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(self.loaded.tokenizer, vocab_size=vocab))

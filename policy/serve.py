@@ -2,7 +2,7 @@
 
 Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured
-by constrained decoding when xgrammar is installed).
+by constrained decoding; 400 where the backend cannot constrain, e.g. xgrammar not installed).
 
 Limits (:class:`ServeLimits`, each a command-line option): the request body's size, the prompt's length in tokens, ``n``
 and ``max_tokens``; one generation at a time (the model is not thread-safe) with a bounded waiting room: a request that
@@ -29,7 +29,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from policy.backends import Backend, SamplingParams
+from policy.backends import Backend, ConstrainedDecodingUnavailable, SamplingParams
 
 
 @dataclass(frozen=True)
@@ -277,6 +277,10 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
             try:
                 await asyncio.wait_for(asyncio.shield(work), timeout=0.25)
             except asyncio.TimeoutError:
+                pass
+            except Exception:  # noqa: BLE001 - the generation failed: answered below from its result
+                break
+            if not work.done():
                 if await request.is_disconnected():
                     reason = "client left"
                 elif time.monotonic() > deadline:
@@ -294,6 +298,8 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
             return _error(499, "the client left; the generation was stopped", "cancelled")
         try:
             gens = work.result()
+        except ConstrainedDecodingUnavailable as e:
+            return _error(400, f"response_format: {e}", "invalid_request_error", "response_format")
         except Exception as e:  # noqa: BLE001 - a backend failure is the server's error, said in one line
             return _error(500, f"generation failed: {type(e).__name__}: {str(e)[:200]}", "server_error")
         prompt_tokens = gens[0].prompt_tokens if gens else 0

@@ -4,7 +4,8 @@ Whatever engineer speaks (:data:`engineers.registry.ENGINEERS`, chosen by params
 proposal is data that :func:`engineers.proposal.finalize` turns into a valid configuration; with
 ``engineer.feasibility_check`` the generator then fills it once as the next stage will, and sizes it cannot fill go back
 to their previous knobs (:func:`engineers.proposal.ensure_feasible`). An engineer that fails keeps the previous
-configuration, recorded, and the pipeline goes on.
+configuration, recorded, and the pipeline goes on; constrained decoding asked for where it cannot run (xgrammar
+missing) stops the step with the fix instead, since an engineer that cannot answer would quietly become ``fixed``.
 
 ``engineer_log.json`` keeps everything: engineer, context, the prompt, every attempt's raw output and error, the parsed
 proposal, the rationale, the notes, whether the fallback was used, and the previous and resulting configurations.
@@ -26,6 +27,7 @@ from engineers.summary import Summary
 from envgen.config import ConfigError, EnvConfig
 from envgen.dataset import read_exclusions
 from envgen.files import atomic_write_text
+from policy.backends import ConstrainedDecodingUnavailable
 from pipeline.params import EngineerSettings, ParamsError, PolicySettings, add_params_arguments, load_params
 
 
@@ -50,6 +52,8 @@ def engineer_config(summary: Summary, current: EnvConfig, settings: EngineerSett
     try:
         engineer = engineer or make_engineer(EngineerBuild(settings, policy, adapter))
         proposal = engineer.propose(EngineerInput(summary, current, stage, rng))
+    except ConstrainedDecodingUnavailable:
+        raise  # an install problem: the run must stop, not go on with an engineer that cannot answer
     except Exception as e:  # noqa: BLE001 - the pipeline goes on with the previous configuration, recorded
         notes.append(f"the engineer failed ({type(e).__name__}: {str(e)[:300]})")
         proposal = Proposal(None)
@@ -90,7 +94,12 @@ def run(args: argparse.Namespace) -> int:
         from policy.devices import claim_gpu
 
         claim_gpu()
-    result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter, exclude=exclude)
+    try:
+        result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter,
+                                 exclude=exclude)
+    except ConstrainedDecodingUnavailable as e:
+        print(f"error: engineer.constrained is true but {e}", file=sys.stderr)
+        return 2
     atomic_write_text(args.out_config, result.config.to_yaml())
     atomic_write_text(args.out_log, json.dumps(result.log, indent=2, default=str))
     print(f"engineer {params.engineer.engineer} ({params.engineer.context}): wrote {args.out_config}"

@@ -273,6 +273,27 @@ def test_api_engineer_gets_schema_valid_json_from_the_server(served):
     assert set(json.loads(raw)["sizes"]) == {"3"} and result.log["constrained"]
 
 
+def test_a_schema_without_xgrammar_is_refused_not_answered_unconstrained(tiny_backend, served, monkeypatch):
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from policy.backends import ConstrainedDecodingUnavailable
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    with pytest.raises(ConstrainedDecodingUnavailable, match="xgrammar"):
+        tiny_backend.generate(CONVS[:1], 1, SamplingParams(max_new_tokens=4, json_schema=schema))
+    body = {"messages": CONVS[0], "max_tokens": 4, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": json.loads(schema)}}}
+    request = urllib.request.Request(served() + "/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=60)
+    error = json.loads(caught.value.read())["error"]
+    assert caught.value.code == 400 and error["param"] == "response_format" and "xgrammar" in error["message"]
+
+
 def test_serve_command_checks_its_backend_settings(capsys):
     """`serve --backend vllm` builds vLLM's engine (GPU); here, without vLLM, it stops with the install hint, and
     settings out of range are named before anything loads."""

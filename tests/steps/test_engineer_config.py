@@ -65,6 +65,30 @@ def test_constrained_decoding_with_a_real_model_gives_schema_valid_json(tiny_mod
     assert schema["properties"]["sizes"]["required"] == ["3", "4"]
 
 
+def test_constrained_decoding_without_xgrammar_stops_the_step_with_the_fix(tmp_path, capsys, monkeypatch, tiny_model_dir):
+    """`engineer.constrained: true` where xgrammar is missing used to decode unconstrained: the embedded policy then
+    wrote no JSON and the policy engineer silently kept the configuration every stage (a `fixed` in disguise). The
+    step now stops and says what to install or set; with `engineer.constrained=false` it runs unconstrained."""
+    import sys
+
+    from tests.helpers import tiny_params, write_params
+
+    monkeypatch.setitem(sys.modules, "xgrammar", None)  # `import xgrammar` raises ImportError
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    (tmp_path / "s.json").write_text(summary({3: 0.5}).to_json())
+    CURRENT.save(tmp_path / "c.yaml")
+    args = ["--params", str(params), "--summary", str(tmp_path / "s.json"), "--config", str(tmp_path / "c.yaml"),
+            "--stage", "1", "--out-config", str(tmp_path / "next.yaml"), "--out-log", str(tmp_path / "log.json"),
+            "--set", "engineer.engineer=base", "--set", "engineer.attempts=1", "--set", "engineer.max_new_tokens=64"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "engineer.constrained is true" in err and "pip install --no-deps xgrammar" in err, err
+    assert not (tmp_path / "next.yaml").exists()
+    assert main(args + ["--set", "engineer.constrained=false"]) == 0
+    log = json.loads((tmp_path / "log.json").read_text())
+    assert log["constrained"] is False and log["attempts"][0]["constrained"] is False
+
+
 def assert_within_bounds_small(cfg, current):
     assert EnvConfig.parse(json.loads(cfg.model_dump_json())) == cfg and set(cfg.sizes) == set(current.sizes)
 
