@@ -36,7 +36,7 @@ class ConstrainedDecodingUnavailable(BackendError):
 
 XGRAMMAR_MISSING = ("constrained JSON decoding needs xgrammar, which is not installed here: install it "
                     "(`pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi`, the `constrained` extra; the `gpu` extra "
-                    "has it too), or ask for unconstrained output (`engineer.constrained: false`)")
+                    "has it too), or ask for unconstrained output")
 
 
 @dataclass(frozen=True)

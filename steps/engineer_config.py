@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter,
                                  exclude=exclude)
     except ConstrainedDecodingUnavailable as e:
-        print(f"error: engineer.constrained is true but {e}", file=sys.stderr)
+        print(f"error: engineer.constrained is true but {e} (`engineer.constrained: false`)", file=sys.stderr)
         return 2
     atomic_write_text(args.out_config, result.config.to_yaml())
     atomic_write_text(args.out_log, json.dumps(result.log, indent=2, default=str))
