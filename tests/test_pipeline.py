@@ -12,7 +12,7 @@ import time
 
 import yaml
 
-from tests.conftest import BIN, sh
+from tests.conftest import BIN, ROOT, sh
 
 
 def test_dvc_repro_runs_the_curriculum(reproduced):
@@ -144,3 +144,23 @@ def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_sta
         log = sh(["dvc", "queue", "logs", name], repo).stdout
         assert "Running stage 'engineer-config@0'" in log and "Running stage 'train@1'" in log
         assert "Running stage 'train@0'" not in log and "Running stage 'generate-instances@0'" not in log, log[-2000:]
+
+
+def test_each_stage_is_scored_before_the_next_stage_trains(tmp_path):
+    """DVC runs the stages of an experiment in one depth-first order: every ``evaluate@K`` must come right after
+    ``train@K`` (before stage K+1), so a comparison stopped part-way has benchmark scores for every stage it finished.
+    Checked on the GPU preset's four stages."""
+    from dvc.repo import Repo
+    from dvc.repo.reproduce import plan_repro
+
+    shutil.copy(ROOT / "dvc.yaml", tmp_path / "dvc.yaml")
+    shutil.copy(ROOT / "presets" / "gpu-embedded.yaml", tmp_path / "params.yaml")
+    sh(["git", "init", "-q"], cwd=tmp_path)
+    sh([str(BIN / "dvc"), "init", "-q"], cwd=tmp_path)
+    order = [s.name for s in plan_repro(Repo(str(tmp_path)).index.graph)]
+    stages = [row["stage"] for row in yaml.safe_load((tmp_path / "params.yaml").read_text())["curriculum"]]
+    assert len(stages) == 4
+    for k in stages:
+        after = order[order.index(f"train@{k}") + 1:]
+        assert after[0] == f"evaluate@{k}", order
+        assert after.index(f"evaluate@{k}") < after.index(f"engineer-config@{k}")
