@@ -157,7 +157,8 @@ def test_each_stage_is_scored_before_the_next_stage_trains(tmp_path):
     shutil.copy(ROOT / "presets" / "gpu-embedded.yaml", tmp_path / "params.yaml")
     sh(["git", "init", "-q"], cwd=tmp_path)
     sh([str(BIN / "dvc"), "init", "-q"], cwd=tmp_path)
-    order = [s.name for s in plan_repro(Repo(str(tmp_path)).index.graph)]
+    with Repo(str(tmp_path)) as repo:
+        order = [s.name for s in plan_repro(repo.index.graph)]
     stages = [row["stage"] for row in yaml.safe_load((tmp_path / "params.yaml").read_text())["curriculum"]]
     assert len(stages) == 4
     for k in stages:
