@@ -111,12 +111,23 @@ class TrainSettings(_Section):
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
     sft_group_by_length: bool = Field(False, description="Draw each warm-start batch from demonstrations of similar "
                                       "length (transformers' group_by_length sampler): less padding, same data.")
+    sft_padding_free: bool = Field(
+        False, description="Warm-start batches without padding: a batch's demonstrations are laid end to end in one "
+        "row and attend only within themselves (TRL's padding_free; on CUDA through flex attention, which computes only "
+        "the blocks on each demonstration's diagonal). The same examples per step and the same loss as padded batches; "
+        "no tokens spent on padding.")
     grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
     prompts_per_step: int = Field(4, ge=1, description="Prompts per GRPO step (a step sees prompts_per_step * G completions).")
     micro_batch_size: int = Field(32, ge=1, description="Completions per forward/backward pass; a GRPO step accumulates "
                                   "gradients over prompts_per_step * G / micro_batch_size passes (memory, not maths).")
+    generation_steps: int = Field(
+        1, ge=1, description="GRPO optimizer steps sampled together: 1 samples each step's prompts_per_step * G "
+        "completions from the current weights; k > 1 samples k steps' completions in one batch and trains on them over "
+        "the next k steps (TRL's steps_per_generation; later steps are then slightly off-policy, corrected by the "
+        "clipped importance ratio). Larger generation batches use a GPU better. Must divide the stage's step count, "
+        "ceil(trajectories / (prompts_per_step * G)), so the budget stays exact.")
     learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
     beta: float = Field(0.0, ge=0, description="KL penalty toward the starting policy (0: none, no reference model kept).")
     max_completion_length: int = Field(160, ge=8, description="GRPO completion length cap in tokens.")
@@ -162,6 +173,12 @@ class TrainSettings(_Section):
         if micro is not None and self.sft_batch_size % micro:
             raise ValueError(f"train.sft_micro_batch_size = {micro} does not divide train.sft_batch_size = "
                              f"{self.sft_batch_size}; set it to a divisor of sft_batch_size (e.g. 1, 2 or 4) or null")
+        steps = -(-self.trajectories // (self.prompts_per_step * self.num_generations))
+        if steps % self.generation_steps:
+            raise ValueError(f"train.generation_steps = {self.generation_steps} does not divide the GRPO step count "
+                             f"{steps} (ceil(trajectories / (prompts_per_step * num_generations)) = ceil("
+                             f"{self.trajectories} / {self.prompts_per_step * self.num_generations})); choose a divisor "
+                             f"of {steps}, e.g. 1, or change train.trajectories")
         if self.use_vllm is True and self.grpo_generation == "backend":
             raise ValueError("train.use_vllm = true samples GRPO's completions with vLLM, but train.grpo_generation = "
                              "'backend' asks for the project's sampler; set grpo_generation to 'auto' or 'trl', or "

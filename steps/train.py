@@ -211,6 +211,27 @@ def step_clock(phases: dict[str, float] | None = None, label: str = "", report: 
     return StepClock()
 
 
+PACKED_ATTENTION = {"cuda": "flex_attention"}
+"""Attention for padding-free warm-start batches, by device: flex attention computes only the blocks on each
+demonstration's diagonal of the row, where SDPA would take a dense mask over the whole row (correct, but quadratic in
+the batch's total length). Flex attention has no backward pass on the CPU, which keeps the model's own (SDPA)."""
+
+
+@contextlib.contextmanager
+def packed_attention(model: Any, device: str, padding_free: bool) -> Iterator[None]:
+    """The model's attention switched to :data:`PACKED_ATTENTION`'s choice for ``device`` while inside (padding-free
+    batches only), restored after."""
+    previous = model.config._attn_implementation
+    wanted = PACKED_ATTENTION.get(device) if padding_free else None
+    if wanted and wanted != previous:
+        model.set_attn_implementation(wanted)
+    try:
+        yield
+    finally:
+        if model.config._attn_implementation != previous:
+            model.set_attn_implementation(previous)
+
+
 def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path,
                progress: bool = True) -> dict[str, Any]:
     """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
@@ -226,13 +247,17 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                                                               "train.sft_batch_size"),
                      include_num_input_tokens_seen="non_padding",
                      learning_rate=config.sft_learning_rate,
-                     lr_scheduler_type="cosine", warmup_steps=0.03, max_length=2048, completion_only_loss=True,
-                     train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random")
+                     lr_scheduler_type="cosine", warmup_steps=0.03, completion_only_loss=True,
+                     # padding-free rows are not cut (TRL enforces max_length only on padded batches)
+                     max_length=None if config.sft_padding_free else 2048,
+                     train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random",
+                     padding_free=config.sft_padding_free)
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
                          callbacks=[clock, trainer_progress("train (warm start)", progress)])
     start = time.perf_counter()
-    trainer.train()
+    with packed_attention(model, device, config.sft_padding_free):
+        trainer.train()
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     tokens = int(trainer.state.num_input_tokens_seen)  # every process's, non-padding
@@ -270,9 +295,9 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                                        prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
     world = world_size()
     micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
+    passes = accumulation(per_step, micro, world, "train.prompts_per_step x train.num_generations")
     args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
-                      gradient_accumulation_steps=accumulation(per_step, micro, world,
-                                                               "train.prompts_per_step x train.num_generations"),
+                      gradient_accumulation_steps=passes, steps_per_generation=passes * config.generation_steps,
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)

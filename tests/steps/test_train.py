@@ -226,3 +226,52 @@ def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
     proc = subprocess.run(cmd + ["--set", "train.sft_micro_batch_size=4"], capture_output=True, text=True, env=env,
                           timeout=900)
     assert proc.returncode != 0 and "train.sft_batch_size: 4 per optimizer step" in proc.stderr + proc.stdout
+
+
+def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_model_dir, stage, tmp_path, monkeypatch):
+    """``generation_steps: 2``: one generation batch holds two optimizer steps' completions (TRL's
+    steps_per_generation), the stage still trains its 2 steps on exactly the trajectory budget."""
+    from policy.backends import TransformersBackend
+
+    calls = []
+    original = TransformersBackend.generate_ids
+
+    def spy(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape[0])
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(TransformersBackend, "generate_ids", spy)
+    out = tmp_path / "k2"
+    metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                    *tiny(tiny_model_dir, sft=False, grpo_generation="backend", trajectories=16, generation_steps=2))
+    assert calls == [16]  # 2 steps x 2 prompts x G=4 in one call
+    assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
+    assert len(pq.read_table(out / "c.parquet")) == 16
+    with pytest.raises(ValidationError, match="generation_steps = 3 does not divide the GRPO step count 2"):
+        TrainSettings(trajectories=16, prompts_per_step=2, num_generations=4, generation_steps=3)
+
+
+def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp_path):
+    """``sft_padding_free``: a batch's demonstrations end to end in one row, attention within each: the first step's
+    loss (before any update, same data order) equals the padded batch's."""
+    losses = {}
+    for free in (False, True):
+        out = tmp_path / str(free)
+        metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                        *tiny(tiny_model_dir, grpo=False, sft_padding_free=free))
+        losses[free] = metrics["sft/loss_first"]
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
+
+
+def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from steps.train import packed_attention
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
+    with packed_attention(model, "cuda", True):
+        assert model.config._attn_implementation == "flex_attention"
+    assert model.config._attn_implementation == "sdpa"
+    for device, free in (("cpu", True), ("cuda", False)):
+        with packed_attention(model, device, free):
+            assert model.config._attn_implementation == "sdpa"
