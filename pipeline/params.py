@@ -161,6 +161,10 @@ class TrainSettings(_Section):
         "both phases, 'sft' for the warm start only. On an H100 with batches padded to multiples of 128 the warm start's "
         "steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
         "hundred steps on; GRPO steps ran slower compiled (docs/benchmarks.md).")
+    compile_scope: Literal["model", "layers"] = Field(
+        "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
+        "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
+        "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "

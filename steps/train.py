@@ -117,10 +117,46 @@ def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool
 def _common_args(config: TrainSettings, device: str, work: Path, model: Any, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
     cuda = device == "cuda"
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
-    compiled = config.torch_compile is True or config.torch_compile == phase
+    compiled = compiles(config, phase)
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
-            "dataloader_num_workers": 0, "torch_compile": compiled, "pad_to_multiple_of": padding_multiple(config, compiled)}
+            "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
+            "pad_to_multiple_of": padding_multiple(config, compiled)}
+
+
+def compiles(config: TrainSettings, phase: Literal["sft", "grpo"]) -> bool:
+    """Whether ``phase`` runs compiled (``torch_compile``: true for both phases, 'sft' for the warm start only)."""
+    return config.torch_compile is True or config.torch_compile == phase
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers: the modules of the classes its ``_no_split_modules`` names (transformers' own list
+    of the blocks that repeat)."""
+    from peft import PeftModel
+
+    base = model.get_base_model() if isinstance(model, PeftModel) else model
+    names = set(getattr(base, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+@contextlib.contextmanager
+def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
+    """Each decoder layer compiled on its own while inside (``compile_scope: layers``), plain again after; raises when
+    the model names no decoder layers (set compile_scope to 'model' then)."""
+    if not enabled:
+        yield []
+        return
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"train.compile_scope = 'layers': {type(model).__name__} names no decoder layers "
+                         "(_no_split_modules); set train.compile_scope to 'model'")
+    for layer in layers:
+        layer.compile()
+    try:
+        yield layers
+    finally:
+        for layer in layers:
+            layer._compiled_call_impl = None
 
 
 PAD_MULTIPLE_WHEN_COMPILED = 128
@@ -175,6 +211,59 @@ def phase_profile(totals: dict[str, float], step_seconds: list[float]) -> dict[s
 
 SLOW_STEP_SECONDS = 10.0
 """A GRPO step at least this long prints where its time went as it ends (a run cut short still tells)."""
+
+
+PROFILE_ENV = "ENV_ENGINEER_TRAIN_PROFILE"
+"""Set to a folder to profile optimizer steps 5 to 14 of each training phase with torch.profiler: writes
+``<phase>-ops.txt`` (operators by GPU time, then by CPU time) and ``<phase>-summary.json`` (wall seconds of the
+profiled steps against the GPU kernels' busy seconds: a small share means the step waits on the CPU)."""
+
+
+def profile_callback(phase: str, first: int = 5, last: int = 14) -> Any:
+    """A trainer callback that profiles optimizer steps ``first``..``last`` when $ENV_ENGINEER_TRAIN_PROFILE names a
+    folder (None otherwise)."""
+    folder = os.environ.get(PROFILE_ENV)
+    if not folder:
+        return None
+    import torch
+    from transformers import TrainerCallback
+
+    out = Path(folder)
+
+    class Profile(TrainerCallback):
+        def __init__(self) -> None:
+            self.prof: Any = None
+            self.start = 0.0
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == first and self.prof is None:
+                activities = [torch.profiler.ProfilerActivity.CPU]
+                if torch.cuda.is_available():
+                    activities.append(torch.profiler.ProfilerActivity.CUDA)
+                    torch.cuda.synchronize()
+                self.prof = torch.profiler.profile(activities=activities)
+                self.prof.__enter__()
+                self.start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.prof is None or state.global_step != last + 1:
+                return
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            wall = time.perf_counter() - self.start
+            self.prof.__exit__(None, None, None)
+            events = self.prof.key_averages()
+            device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+            out.mkdir(parents=True, exist_ok=True)
+            by_gpu = events.table(sort_by="self_device_time_total", row_limit=40) if device_us else ""
+            atomic_write_text(out / f"{phase}-ops.txt", by_gpu + "\n\n" + events.table(sort_by="self_cpu_time_total",
+                                                                                      row_limit=40))
+            summary = {"phase": phase, "steps": last - first + 1, "wall_s": round(wall, 4),
+                       "gpu_kernels_s": round(device_us / 1e6, 4), "gpu_busy_share": round(device_us / 1e6 / wall, 4)}
+            atomic_write_text(out / f"{phase}-summary.json", json.dumps(summary, indent=2))
+            self.prof = None
+
+    return Profile()
 
 
 def step_clock(phases: dict[str, float] | None = None, label: str = "", report: bool = False) -> Any:
@@ -254,9 +343,11 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      padding_free=config.sft_padding_free)
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
-                         callbacks=[clock, trainer_progress("train (warm start)", progress)])
+                         callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
+                                                profile_callback("sft")) if c is not None])
     start = time.perf_counter()
-    with packed_attention(model, device, config.sft_padding_free):
+    with packed_attention(model, device, config.sft_padding_free), \
+            compiled_layers(model, compiles(config, "sft") and config.compile_scope == "layers"):
         trainer.train()
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -306,9 +397,10 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     clock = step_clock(phases, "train (GRPO)", report=progress)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
                           processing_class=tok, rollout_func=rollout_func,
-                          callbacks=[clock, trainer_progress("train (GRPO)", progress)])
+                          callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
+                                                 profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
-    with phase_clock(phases):
+    with phase_clock(phases), compiled_layers(model, compiles(config, "grpo") and config.compile_scope == "layers"):
         trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows

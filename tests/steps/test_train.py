@@ -275,3 +275,39 @@ def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     for device, free in (("cpu", True), ("cuda", False)):
         with packed_attention(model, device, free):
             assert model.config._attn_implementation == "sdpa"
+
+
+def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage, tmp_path, monkeypatch):
+    import functools
+
+    from steps import train as train_step
+
+    monkeypatch.setenv(train_step.PROFILE_ENV, str(tmp_path / "prof"))
+    monkeypatch.setattr(train_step, "profile_callback", functools.partial(train_step.profile_callback, first=0, last=1))
+    out = tmp_path / "run"
+    train(stage, out / "adapter", out / "c.parquet", out / "m.json", *tiny(tiny_model_dir, grpo=False))
+    summary = json.loads((tmp_path / "prof" / "sft-summary.json").read_text())
+    assert summary["steps"] == 2 and summary["wall_s"] > 0 and summary["gpu_kernels_s"] == 0  # the CPU: no kernels
+    assert "aten::" in (tmp_path / "prof" / "sft-ops.txt").read_text()
+
+
+def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from steps.train import compiled_layers
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    with compiled_layers(model, True) as layers:
+        assert len(layers) == model.config.num_hidden_layers
+        assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert all(layer._compiled_call_impl is None for layer in layers)
+    with compiled_layers(model, False) as layers:
+        assert layers == []
+    with pytest.raises(ValueError, match="compile_scope to 'model'"), compiled_layers(torch_linear(), True):
+        pass
+
+
+def torch_linear():
+    import torch
+
+    return torch.nn.Linear(2, 2)
