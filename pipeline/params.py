@@ -161,6 +161,11 @@ class TrainSettings(_Section):
         "both phases, 'sft' for the warm start only. On an H100 with batches padded to multiples of 128 the warm start's "
         "steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
         "hundred steps on; GRPO steps ran slower compiled (docs/benchmarks.md).")
+    attention_kernel: Literal["auto", "efficient"] = Field(
+        "auto", description="The training passes' SDPA kernel on CUDA: 'auto' (PyTorch's choice: cuDNN's on an H100) or "
+        "'efficient' (PyTorch's memory-efficient kernel, then flash, then math; never cuDNN). cuDNN's attention spent "
+        "about 3 ms of CPU per call in a profiled warm-start step of the embedded model (a third of the step's CPU "
+        "time, the GPU waiting on it; docs/benchmarks.md).")
     compile_scope: Literal["model", "layers"] = Field(
         "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
         "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "

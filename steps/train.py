@@ -140,6 +140,20 @@ def decoder_layers(model: Any) -> list[Any]:
 
 
 @contextlib.contextmanager
+def attention_kernels(setting: str, device: str) -> Iterator[None]:
+    """The SDPA kernels training may use while inside: ``attention_kernel: efficient`` on CUDA allows the
+    memory-efficient, flash and math kernels (in that order of preference) and not cuDNN's; otherwise PyTorch's own
+    choice."""
+    if setting == "auto" or device != "cuda":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH], set_priority=True):
+        yield
+
+
+@contextlib.contextmanager
 def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
     """Each decoder layer compiled on its own while inside (``compile_scope: layers``), plain again after; raises when
     the model names no decoder layers (set compile_scope to 'model' then)."""
@@ -346,7 +360,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
                                                 profile_callback("sft")) if c is not None])
     start = time.perf_counter()
-    with packed_attention(model, device, config.sft_padding_free), \
+    with packed_attention(model, device, config.sft_padding_free), attention_kernels(config.attention_kernel, device), \
             compiled_layers(model, compiles(config, "sft") and config.compile_scope == "layers"):
         trainer.train()
     seconds = time.perf_counter() - start
@@ -400,7 +414,8 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                           callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
                                                  profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
-    with phase_clock(phases), compiled_layers(model, compiles(config, "grpo") and config.compile_scope == "layers"):
+    with phase_clock(phases), attention_kernels(config.attention_kernel, device), \
+            compiled_layers(model, compiles(config, "grpo") and config.compile_scope == "layers"):
         trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows

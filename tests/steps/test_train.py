@@ -311,3 +311,17 @@ def torch_linear():
     import torch
 
     return torch.nn.Linear(2, 2)
+
+
+def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
+    import torch
+
+    from steps.train import attention_kernels
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_kernels("efficient", "cuda"):
+        assert not torch.backends.cuda.cudnn_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    for setting, device in (("auto", "cuda"), ("efficient", "cpu")):
+        with attention_kernels(setting, device):
+            assert torch.backends.cuda.cudnn_sdp_enabled() == before
