@@ -110,12 +110,15 @@ class TrainSettings(_Section):
         "preset 2 instead of 8 took the warm start's peak from 8.6 to 3.4 GB, same losses, same time).")
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
     sft_group_by_length: bool = Field(False, description="Draw each warm-start batch from demonstrations of similar "
-                                      "length (transformers' group_by_length sampler): less padding, same data.")
+                                      "length (transformers' group_by_length sampler): less padding, same data, other "
+                                      "batches. Measured 1.2x slower per step for the embedded model on an H100 "
+                                      "(docs/benchmarks.md).")
     sft_padding_free: bool = Field(
         False, description="Warm-start batches without padding: a batch's demonstrations are laid end to end in one "
         "row and attend only within themselves (TRL's padding_free; on CUDA through flex attention, which computes only "
         "the blocks on each demonstration's diagonal). The same examples per step and the same loss as padded batches; "
-        "no tokens spent on padding.")
+        "no tokens spent on padding. Measured 1.5x slower per step than padded batches for the embedded model on an "
+        "H100 (flex attention's block mask is rebuilt for every batch; docs/benchmarks.md).")
     grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
