@@ -173,6 +173,18 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
             layer._compiled_call_impl = None
 
 
+@contextlib.contextmanager
+def training_kernels(model: Any, config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> Iterator[None]:
+    """What a phase's training passes run with while inside: the warm start's padding-free attention
+    (:func:`packed_attention`), the SDPA kernels of ``attention_kernel`` (:func:`attention_kernels`) and, with
+    ``compile_scope: layers``, decoder layers compiled one by one (:func:`compiled_layers`)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(packed_attention(model, device, phase == "sft" and config.sft_padding_free))
+        stack.enter_context(attention_kernels(config.attention_kernel, device))
+        stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers"))
+        yield
+
+
 PAD_MULTIPLE_WHEN_COMPILED = 128
 """``pad_to_multiple_of: auto`` pads to this many tokens when the model is compiled (TRL's own choice for Neuron, which
 also compiles once per shape)."""
@@ -360,8 +372,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
                                                 profile_callback("sft")) if c is not None])
     start = time.perf_counter()
-    with packed_attention(model, device, config.sft_padding_free), attention_kernels(config.attention_kernel, device), \
-            compiled_layers(model, compiles(config, "sft") and config.compile_scope == "layers"):
+    with training_kernels(model, config, device, "sft"):
         trainer.train()
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -414,8 +425,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                           callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
                                                  profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
-    with phase_clock(phases), attention_kernels(config.attention_kernel, device), \
-            compiled_layers(model, compiles(config, "grpo") and config.compile_scope == "layers"):
+    with phase_clock(phases), training_kernels(model, config, device, "grpo"):
         trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows

@@ -132,12 +132,12 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
         assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
 
 
-def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, stage, tmp_path, monkeypatch):
-    """``grpo_generation: backend``: TRL's GRPO gets its completions from the project's transformers backend (the
-    trainer's own LoRA model, one completion per repeated prompt), and the same seed samples the same completions."""
+@pytest.fixture
+def generate_calls(monkeypatch) -> list[int]:
+    """Rows of every call to the project backend's ``generate_ids`` (the calls still run)."""
     from policy.backends import TransformersBackend
 
-    calls = []
+    calls: list[int] = []
     original = TransformersBackend.generate_ids
 
     def spy(self, input_ids, *args, **kwargs):
@@ -145,6 +145,12 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
         return original(self, input_ids, *args, **kwargs)
 
     monkeypatch.setattr(TransformersBackend, "generate_ids", spy)
+    return calls
+
+
+def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, stage, tmp_path, generate_calls):
+    """``grpo_generation: backend``: TRL's GRPO gets its completions from the project's transformers backend (the
+    trainer's own LoRA model, one completion per repeated prompt), and the same seed samples the same completions."""
     runs = []
     for name in ("a", "b"):
         out = tmp_path / name
@@ -154,7 +160,7 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
         phases = metrics["train/phase_seconds"]  # the project's sampler is one phase of the GRPO profile
         assert phases["backend.generate"] > 0 and phases["backend.generate"] <= phases["_prepare_inputs"]
         runs.append([r["completion"] for r in pq.read_table(out / "c.parquet").to_pylist()])
-    assert calls == [8, 8]  # one call per generation batch: 2 prompts x G=4, both runs
+    assert generate_calls == [8, 8]  # one call per generation batch: 2 prompts x G=4, both runs
     assert runs[0] == runs[1] and any(runs[0])
 
 
@@ -228,23 +234,13 @@ def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
     assert proc.returncode != 0 and "train.sft_batch_size: 4 per optimizer step" in proc.stderr + proc.stdout
 
 
-def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_model_dir, stage, tmp_path, monkeypatch):
+def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_model_dir, stage, tmp_path, generate_calls):
     """``generation_steps: 2``: one generation batch holds two optimizer steps' completions (TRL's
     steps_per_generation), the stage still trains its 2 steps on exactly the trajectory budget."""
-    from policy.backends import TransformersBackend
-
-    calls = []
-    original = TransformersBackend.generate_ids
-
-    def spy(self, input_ids, *args, **kwargs):
-        calls.append(input_ids.shape[0])
-        return original(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(TransformersBackend, "generate_ids", spy)
     out = tmp_path / "k2"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                     *tiny(tiny_model_dir, sft=False, grpo_generation="backend", trajectories=16, generation_steps=2))
-    assert calls == [16]  # 2 steps x 2 prompts x G=4 in one call
+    assert generate_calls == [16]  # 2 steps x 2 prompts x G=4 in one call
     assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
     assert len(pq.read_table(out / "c.parquet")) == 16
     with pytest.raises(ValidationError, match="generation_steps = 3 does not divide the GRPO step count 2"):
@@ -303,14 +299,10 @@ def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_di
     assert all(layer._compiled_call_impl is None for layer in layers)
     with compiled_layers(model, False) as layers:
         assert layers == []
-    with pytest.raises(ValueError, match="compile_scope to 'model'"), compiled_layers(torch_linear(), True):
-        pass
-
-
-def torch_linear():
     import torch
 
-    return torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="compile_scope to 'model'"), compiled_layers(torch.nn.Linear(2, 2), True):
+        pass
 
 
 def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
