@@ -145,31 +145,67 @@ def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any]
 
 def flow_run_states(ids: dict[str, str]) -> dict[str, str]:
     """Name -> Prefect state type (SCHEDULED, PENDING, RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED, ...)."""
+    return {name: state_type for name, (state_type, _) in _read_flow_runs(ids).items()}
+
+
+def flow_run_messages(ids: dict[str, str]) -> dict[str, str]:
+    """Name -> the message of the flow run's current state (why it failed or crashed)."""
+    return {name: message for name, (_, message) in _read_flow_runs(ids).items()}
+
+
+def _read_flow_runs(ids: dict[str, str]) -> dict[str, tuple[str, str]]:
     import asyncio
     from uuid import UUID
 
     from prefect.client.orchestration import get_client
 
-    async def read() -> dict[str, str]:
+    async def read() -> dict[str, tuple[str, str]]:
         async with get_client() as client:
-            return {name: (await client.read_flow_run(UUID(i))).state.type.value for name, i in ids.items()}
+            out = {}
+            for name, i in ids.items():
+                state = (await client.read_flow_run(UUID(i))).state
+                out[name] = (state.type.value, state.message or "")
+            return out
 
     return asyncio.run(read())
 
 
 FINAL_FLOW_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+RESUBMITTED_STATES = ("CRASHED",)
+"""Final states of a flow run whose experiment never failed by itself (the worker's process died or could not start):
+such a run is submitted once more."""
 
 
 def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, Any], poll_seconds: float = 5.0,
-                  submit: Any = None, states: Any = None, repo: Path | None = None) -> dict[str, str]:
-    """Submit one wave as flow runs of ``deployment`` and wait until each is final, printing progress; returns each
-    one's final state (Success or Failed, as :func:`run_queue`)."""
+                  submit: Any = None, states: Any = None, repo: Path | None = None, messages: Any = None,
+                  resubmit: int = 1) -> dict[str, str]:
+    """Submit one wave as flow runs of ``deployment`` and wait until each is final, printing progress; a run that
+    crashed (:data:`RESUBMITTED_STATES`) is submitted again, at most ``resubmit`` times; returns each one's final state
+    (Success or Failed, as :func:`run_queue`), printing why each failed one failed to stderr."""
     submit = submit or submit_flow_run
     states = states or flow_run_states
-    ids = {item["name"]: submit(deployment, item, extra, repo) for item in wave}
+    messages = messages or flow_run_messages
+    items = {item["name"]: item for item in wave}
+    ids = {name: submit(deployment, item, extra, repo) for name, item in items.items()}
     for name in ids:
         print(f"submitted {name} to {deployment}", flush=True)
     final = wait_until_final(lambda: states(ids), FINAL_FLOW_STATES, "flow runs", poll_seconds)
+    for _ in range(resubmit):
+        again = {name: ids[name] for name, state in final.items() if state in RESUBMITTED_STATES}
+        if not again:
+            break
+        why = messages(again)
+        for name in again:
+            ids[name] = submit(deployment, items[name], extra, repo)
+            print(f"resubmitted {name} to {deployment} ({final[name].lower()}: {why.get(name) or 'no message'})",
+                  flush=True)
+        final.update(wait_until_final(lambda: states({n: ids[n] for n in again}), FINAL_FLOW_STATES, "flow runs",
+                                      poll_seconds))
+    failed = {name: ids[name] for name, state in final.items() if state != "COMPLETED"}
+    if failed:
+        for name, message in messages(failed).items():
+            print(f"{name}: flow run {failed[name]} {final[name].lower()}: {message or 'no message'}", file=sys.stderr,
+                  flush=True)
     return {name: "Success" if s == "COMPLETED" else "Failed" for name, s in final.items()}
 
 
@@ -454,7 +490,8 @@ def run(args: argparse.Namespace) -> int:
                     states = run_queue(args.repo, args.jobs, [item["name"] for item in wave])
                 failed = [name for name, state in states.items() if state == "Failed"]
                 if failed:
-                    print(f"failed: {', '.join(failed)} (`dvc queue logs NAME` shows why)", file=sys.stderr, flush=True)
+                    where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"
+                    print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
                 scaffolding = [item["name"] for item in wave if item.get("targets")]
                 if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
                     try:

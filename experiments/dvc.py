@@ -45,7 +45,13 @@ class DvcError(RuntimeError):
 
 
 class DvcBusy(DvcError):
-    """Another DVC command holds the repository's lock: worth retrying."""
+    """Another DVC command holds the repository's lock, or a git file that several experiments write at once: worth
+    retrying."""
+
+
+BUSY_MARKERS = ("Unable to acquire lock", "is busy", "FileLocked", "index is locked", "cannot lock ref")
+"""What DVC prints when another command holds its lock, or when two experiments saved at once collide on a git lock
+file (``packed-refs.lock``, the index; DVC issue 10673)."""
 
 
 def dvc_env() -> dict[str, str]:
@@ -61,7 +67,7 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None) -> str:
     output = (proc.stdout + proc.stderr).strip()
     if proc.returncode != 0:
         tail = "\n".join(output.splitlines()[-25:])
-        kind = DvcBusy if ("Unable to acquire lock" in output or "is busy" in output) else DvcError
+        kind = DvcBusy if any(marker in output for marker in BUSY_MARKERS) else DvcError
         raise kind(f"dvc {' '.join(args)} failed (exit {proc.returncode}):\n{tail}")
     return proc.stdout
 

@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 
-from experiments.dvc import DvcBusy, StageFiles, dvc, pipeline_stages  # noqa: E402
+from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, pipeline_stages  # noqa: E402
 
 
 def only_transient(task, task_run, state) -> bool:
@@ -131,8 +131,16 @@ def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides
 
 @task(name="experiment", retries=3, retry_delay_seconds=15, retry_condition_fn=only_transient)
 def experiment(sets: list[str], repo: str) -> str:
-    """``dvc exp run --temp`` with the overrides, then publish the experiment's metrics."""
-    output = dvc(["exp", "run", "--temp", *sets], Path(repo))
+    """``dvc exp run --temp`` with the overrides, then publish the experiment's metrics. A retry (after a transient
+    fault) that finds its named experiment already saved by the attempt before takes that one."""
+    from prefect.runtime import task_run
+
+    try:
+        output = dvc(["exp", "run", "--temp", *sets], Path(repo))
+    except DvcError as e:
+        if task_run.run_count <= 1 or "conflicts with existing experiment" not in str(e):
+            raise
+        output = f"saved by the attempt before this retry:\n{e}"
     shown = dvc(["exp", "show", "--json"], Path(repo))
     create_markdown_artifact(key="experiment", markdown=f"```\n{output[-3000:]}\n```\n\n```json\n{shown[:6000]}\n```")
     return output

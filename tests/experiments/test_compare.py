@@ -154,34 +154,84 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert "unknown engineer" in capsys.readouterr().err
 
 
-def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited():
+def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):
     """--via prefect: every experiment of the wave is submitted as a run of the deployment with its overrides and
-    name, then polled until each is final; COMPLETED counts as Success, any other final state as Failed."""
+    name, then polled until each is final; COMPLETED counts as Success, any other final state as Failed; a crashed
+    run is submitted once more, a failed one is not, and why each failed is printed."""
     from experiments.compare import run_flow_runs
 
-    plan = experiment_plan(["fixed", "plr"], [0])
+    plan = experiment_plan(["fixed", "plr", "alp"], [0])
     submitted = []
 
     def submit(deployment, item, extra, repo):
         submitted.append((deployment, item["name"], {**item["set"], **extra}))
-        return f"id-{item['name']}"
+        return f"id{len(submitted)}-{item['name']}"
 
-    polls = iter([{"cmp-fixed-s0": "RUNNING", "cmp-plr-s0": "SCHEDULED"},
-                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING"},
-                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "CRASHED"}])
+    polls = iter([{"cmp-fixed-s0": "RUNNING", "cmp-plr-s0": "SCHEDULED", "cmp-alp-s0": "RUNNING"},
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING", "cmp-alp-s0": "RUNNING"},
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "CRASHED", "cmp-alp-s0": "FAILED"},
+                  {"cmp-plr-s0": "RUNNING"}, {"cmp-plr-s0": "CRASHED"}])
     seen_ids = []
 
     def states(ids):
         seen_ids.append(dict(ids))
         return next(polls)
 
+    def messages(ids):
+        return {name: f"why {i}" for name, i in ids.items()}
+
     result = run_flow_runs("curriculum/curriculum", plan, {"train.trajectories": 64}, poll_seconds=0,
-                           submit=submit, states=states)
-    assert result == {"cmp-fixed-s0": "Success", "cmp-plr-s0": "Failed"}
-    assert [s[1] for s in submitted] == ["cmp-fixed-s0", "cmp-plr-s0"] and len(seen_ids) == 3
+                           submit=submit, states=states, messages=messages)
+    assert result == {"cmp-fixed-s0": "Success", "cmp-plr-s0": "Failed", "cmp-alp-s0": "Failed"}
+    assert [s[1] for s in submitted] == ["cmp-fixed-s0", "cmp-plr-s0", "cmp-alp-s0", "cmp-plr-s0"]
+    assert len(seen_ids) == 5 and seen_ids[3] == {"cmp-plr-s0": "id4-cmp-plr-s0"}
     assert submitted[1][2] == {"engineer.engineer": "plr", "train.seed": 0, "env.seed": 0, "engineer.seed": 0,
                                "train.trajectories": 64}
-    assert seen_ids[0] == {"cmp-fixed-s0": "id-cmp-fixed-s0", "cmp-plr-s0": "id-cmp-plr-s0"}
+    assert seen_ids[0] == {"cmp-fixed-s0": "id1-cmp-fixed-s0", "cmp-plr-s0": "id2-cmp-plr-s0",
+                           "cmp-alp-s0": "id3-cmp-alp-s0"}
+    out, err = capsys.readouterr()
+    assert "resubmitted cmp-plr-s0 to curriculum/curriculum (crashed: why id2-cmp-plr-s0)" in out
+    assert "cmp-plr-s0: flow run id4-cmp-plr-s0 crashed: why id4-cmp-plr-s0" in err
+    assert "cmp-alp-s0: flow run id3-cmp-alp-s0 failed: why id3-cmp-alp-s0" in err
+
+
+def test_git_lock_collisions_of_concurrent_experiments_count_as_transient(tmp_path, monkeypatch):
+    """Two experiments saving at once can collide on a git lock file (DVC issue 10673): the flow retries that, like
+    DVC's own repository lock, and nothing else."""
+    import subprocess
+
+    from experiments import dvc as dvc_mod
+
+    outputs = iter(["ERROR: unexpected error - FileLocked(b'.git/packed-refs', b'.git/packed-refs.lock')",
+                    "ERROR: Unable to acquire lock. Most likely another DVC process is running",
+                    "ERROR: failed to reproduce 'train@0': exit code 1"])
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 255, "", next(outputs)))
+    kinds = []
+    for _ in range(3):
+        try:
+            dvc_mod.dvc(["exp", "run"], tmp_path)
+        except dvc_mod.DvcError as e:
+            kinds.append(type(e).__name__)
+    assert kinds == ["DvcBusy", "DvcBusy", "DvcError"]
+
+
+def test_a_retried_experiment_takes_the_one_its_first_attempt_saved(monkeypatch):
+    """If the attempt before a retry saved the named experiment, the retry takes it; on a first attempt the same
+    conflict is an error (another experiment of that name)."""
+    import flows.curriculum as cur
+    from experiments.dvc import DvcError
+
+    def dvc(args, repo):
+        if args[:2] == ["exp", "run"]:
+            raise DvcError("dvc exp run failed (exit 255):\nERROR: Experiment conflicts with existing experiment 'x'.")
+        return "{}"
+
+    monkeypatch.setattr(cur, "dvc", dvc)
+    monkeypatch.setattr(cur, "create_markdown_artifact", lambda **k: None)
+    with pytest.raises(DvcError, match="conflicts"):
+        cur.experiment.fn(["-n", "x"], ".")
+    monkeypatch.setenv("PREFECT__RUNTIME__TASK_RUN__RUN_COUNT", "2")
+    assert cur.experiment.fn(["-n", "x"], ".").startswith("saved by the attempt before this retry")
 
 
 def test_the_flow_names_its_experiment(monkeypatch):
