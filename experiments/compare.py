@@ -199,8 +199,7 @@ def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, 
             ids[name] = submit(deployment, items[name], extra, repo)
             print(f"resubmitted {name} to {deployment} ({final[name].lower()}: {why.get(name) or 'no message'})",
                   flush=True)
-        final.update(wait_until_final(lambda: states({n: ids[n] for n in again}), FINAL_FLOW_STATES, "flow runs",
-                                      poll_seconds))
+        final = wait_until_final(lambda: states(ids), FINAL_FLOW_STATES, "flow runs", poll_seconds)
     failed = {name: ids[name] for name, state in final.items() if state != "COMPLETED"}
     if failed:
         for name, message in messages(failed).items():

@@ -170,7 +170,8 @@ def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):
     polls = iter([{"cmp-fixed-s0": "RUNNING", "cmp-plr-s0": "SCHEDULED", "cmp-alp-s0": "RUNNING"},
                   {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING", "cmp-alp-s0": "RUNNING"},
                   {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "CRASHED", "cmp-alp-s0": "FAILED"},
-                  {"cmp-plr-s0": "RUNNING"}, {"cmp-plr-s0": "CRASHED"}])
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING", "cmp-alp-s0": "FAILED"},
+                  {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "CRASHED", "cmp-alp-s0": "FAILED"}])
     seen_ids = []
 
     def states(ids):
@@ -184,7 +185,8 @@ def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):
                            submit=submit, states=states, messages=messages)
     assert result == {"cmp-fixed-s0": "Success", "cmp-plr-s0": "Failed", "cmp-alp-s0": "Failed"}
     assert [s[1] for s in submitted] == ["cmp-fixed-s0", "cmp-plr-s0", "cmp-alp-s0", "cmp-plr-s0"]
-    assert len(seen_ids) == 5 and seen_ids[3] == {"cmp-plr-s0": "id4-cmp-plr-s0"}
+    assert len(seen_ids) == 5 and seen_ids[3] == {"cmp-fixed-s0": "id1-cmp-fixed-s0", "cmp-plr-s0": "id4-cmp-plr-s0",
+                                                  "cmp-alp-s0": "id3-cmp-alp-s0"}
     assert submitted[1][2] == {"engineer.engineer": "plr", "train.seed": 0, "env.seed": 0, "engineer.seed": 0,
                                "train.trajectories": 64}
     assert seen_ids[0] == {"cmp-fixed-s0": "id1-cmp-fixed-s0", "cmp-plr-s0": "id2-cmp-plr-s0",
