@@ -218,6 +218,27 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
     return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
 
 
+def reorders_freely(grid: Grid, h: list[int]) -> bool:
+    """Whether two agents can reach every placement of theirs in the component of the cells ``h`` reaches (the
+    distances to a cell of it): yes unless the component is a simple path, where they keep their order.
+
+    A cycle lets either agent walk round to its goal along the arc the other is not on, the other following; a cell
+    with three or more neighbours is a siding where one agent waits while the other passes, and both agents can
+    always walk there, the rest of the component being empty. So the pocket check (a reachability search) can only
+    prove a pair unsolvable on a path, and is skipped elsewhere.
+    """
+    nbrs = grid.neighbors
+    ends = 0
+    for c, d in enumerate(h):
+        if d != UNREACHABLE:
+            degree = len(nbrs[c])
+            if degree > 2:
+                return True
+            if degree < 2:
+                ends += 1
+    return ends == 0
+
+
 def _joint_work(free_cells: int, k: int) -> int:
     """The estimated work of the joint search for ``k`` agents (see ``SolverBudget.max_joint_work``)."""
     return (10 * free_cells) ** k if k > 1 else 0
@@ -238,7 +259,7 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
         if handover:
             # A pair whose root conflicts may be in a pocket it cannot get out of: exhausting the smaller end of the
             # time-free configuration search proves that far more cheaply than CBS's nodes and the joint A* would.
-            if reachable(grid, starts, goals, POCKET_STATES) is False:
+            if not (k == 2 and reorders_freely(grid, hs[0])) and reachable(grid, starts, goals, POCKET_STATES) is False:
                 return Unsolved(UnsolvedReason.UNSOLVABLE, NO_SEQUENCE, 0, ())
             got = search.resume(min(budget.max_nodes, JOINT_HANDOVER))
         else:

@@ -193,7 +193,11 @@ def draw_instance(rng: random.Random, size: int, knobs: SizeConfig, num_agents: 
     """
     cells = size * size
     holes = set(rng.sample(range(cells), round(knobs.hole_ratio * cells)))
-    rows = tuple("".join(HOLE if r * size + c in holes else FREE for c in range(size)) for r in range(size))
+    flat = [FREE] * cells
+    for i in holes:
+        flat[i] = HOLE
+    text = "".join(flat)
+    rows = tuple([text[r:r + size] for r in range(0, cells, size)])
     grid = grid_of(rows)
     free_cells = [i for i in range(cells) if i not in holes]
     min_len = knobs.min_path_length

@@ -129,4 +129,4 @@ def grid_from_free(h: int, w: int, free: tuple[bool, ...]) -> Grid:
 @lru_cache(maxsize=1024)
 def grid_of(rows: tuple[str, ...]) -> Grid:
     """The (cached) :class:`Grid` for an instance's rows."""
-    return grid_from_free(len(rows), len(rows[0]), tuple(ch == FREE for row in rows for ch in row))
+    return grid_from_free(len(rows), len(rows[0]), tuple([ch == FREE for ch in "".join(rows)]))

@@ -56,8 +56,8 @@ class Instance:
 
     def __post_init__(self) -> None:
         rows = tuple(self.rows)
-        starts = tuple((int(r), int(c)) for r, c in self.starts)
-        goals = tuple((int(r), int(c)) for r, c in self.goals)
+        starts = tuple([(int(r), int(c)) for r, c in self.starts])
+        goals = tuple([(int(r), int(c)) for r, c in self.goals])
         object.__setattr__(self, "rows", rows)
         object.__setattr__(self, "starts", starts)
         object.__setattr__(self, "goals", goals)
@@ -66,7 +66,9 @@ class Instance:
         width = len(rows[0])
         if len(rows) > MAX_SIDE or width > MAX_SIDE:
             raise InstanceError(f"rows: grid {len(rows)}x{width} is larger than {MAX_SIDE}x{MAX_SIDE}")
-        for i, row in enumerate(rows):
+        well_formed = (all([len(row) == width for row in rows])
+                       and not "".join(rows).replace(FREE, "").replace(HOLE, ""))
+        for i, row in enumerate(() if well_formed else rows):  # the slow look only to say what is wrong
             if len(row) != width:
                 raise InstanceError(f"rows[{i}]: has {len(row)} cells, row 0 has {width}; all rows must be equally long")
             bad = set(row) - {FREE, HOLE}

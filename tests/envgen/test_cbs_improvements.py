@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from envgen.cbs import CBSOptions, Solved, SolverBudget, Unsolved, UnsolvedReason, solve
+from envgen.cbs import CBSOptions, Solved, SolverBudget, Unsolved, UnsolvedReason, reorders_freely, solve
 from envgen.cbs_conflicts import conflicts_of, pair_conflicts, pair_key
 from envgen.cbs_heuristics import merge_mdds, vertex_cover
 from envgen.cbs_joint import JointPlan, joint_search, reachable
@@ -303,6 +303,35 @@ def test_reachability_knows_rotations_and_dead_ends():
     assert reachable(corridor, [0, 3], [3, 0], 1000) is False  # no passing in a dead-end corridor
     pocket = grid_of(("FFF", "HFH"))
     assert reachable(pocket, [0, 2], [2, 0], 1000) is True  # one ducks into the pocket
+
+
+def test_two_agents_reorder_freely_off_simple_paths():
+    """The pocket check is skipped for a pair whose component is not a simple path: on 3,000 random pairs on 3x3..6x6
+    boards with many holes, every such pair reaches its goals by the exhaustive reachability search, and the paths
+    (where it is skipped nowhere) include unsolvable pairs."""
+    rng = random.Random(7)
+    freely = on_path = stuck = 0
+    for _ in range(3000):
+        n = rng.randint(3, 6)
+        inst = draw_instance(rng, n, SizeConfig(data_ratio=1.0, hole_ratio=rng.choice([0.3, 0.4, 0.5])), 2)
+        if inst is None:
+            continue
+        grid = grid_of(inst.rows)
+        starts, goals = [grid.index(c) for c in inst.starts], [grid.index(c) for c in inst.goals]
+        h = grid.distances_from(goals[0])
+        if h[starts[1]] < 0:
+            continue  # different components: not a group
+        exact = reachable(grid, starts, goals, 100_000)
+        assert exact is not None
+        if reorders_freely(grid, h):
+            freely += 1
+            assert exact is True, inst.to_str()
+        else:
+            on_path += 1
+            stuck += exact is False
+    assert freely > 1000 and on_path > 100 and stuck > 20
+    assert reorders_freely(grid_of(("FF", "FF")), grid_of(("FF", "FF")).distances_from(0))  # a cycle
+    assert not reorders_freely(grid_of(("FFFF",)), grid_of(("FFFF",)).distances_from(0))  # a corridor
 
 
 def test_crowded_groups_are_proved_unsolvable_or_solved_exactly():
