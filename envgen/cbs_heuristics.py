@@ -108,18 +108,18 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
     la, lb = mdd_a.levels, mdd_b.levels
     len_a, len_b = len(la), len(lb)
     end = max(len_a, len_b)
-    start = (next(iter(la[0])), next(iter(lb[0])))
-    layers: list[dict[tuple[int, int], tuple[int, int]]] = [{start: start}]
+    start = next(iter(la[0])) * ncell + next(iter(lb[0]))  # a joint state (u, w) is the number u * ncell + w
+    layers: list[dict[int, int]] = [{start: start}]
     work = 0
     for t in range(1, end):
-        nxt: dict[tuple[int, int], tuple[int, int]] = {}
+        nxt: dict[int, int] = {}
         level_a = la[t] if t < len_a else None
         level_b = lb[t] if t < len_b else None
         base = t * ncell
         kids_a: dict[int, list[int] | tuple[int]] = {}
         kids_b: dict[int, list[int] | tuple[int]] = {}
         for state in layers[-1]:
-            u, w = state
+            u, w = divmod(state, ncell)
             moves_a = kids_a.get(u)
             if moves_a is None:
                 moves_a = kids_a[u] = [v for v in options[u] if v in level_a and not (
@@ -129,9 +129,13 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
                 moves_b = kids_b[w] = [v for v in options[w] if v in level_b and not (
                     edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
             for v in moves_a:
+                joint = v * ncell
+                swap = v == w
                 for y in moves_b:
-                    if v != y and not (v == w and y == u) and (v, y) not in nxt:
-                        nxt[(v, y)] = state
+                    if v != y and not (swap and y == u):
+                        key = joint + y
+                        if key not in nxt:
+                            nxt[key] = state
             work += len(moves_a) * len(moves_b)
         if not nxt:
             return False
@@ -141,10 +145,11 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
     state = next(iter(layers[-1]))
     path_a, path_b = [], []
     for t in range(end - 1, -1, -1):
+        u, w = divmod(state, ncell)
         if t < len_a:
-            path_a.append(state[0])
+            path_a.append(u)
         if t < len_b:
-            path_b.append(state[1])
+            path_b.append(w)
         state = layers[t][state]
     path_a.reverse()
     path_b.reverse()

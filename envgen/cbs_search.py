@@ -50,6 +50,9 @@ class CBSOptions:
             more gets ``pair_cost + 1`` (a lower bound).
         pair_nodes: node budget of the two-agent search behind a WDG weight when an MDD merge is too large to decide;
             past it the search's lower bound is the weight (still admissible).
+        inherit_weights: a child's WDG weight for a pair starts from the bound on the pair's joint cost found in its
+            ancestors (constraints only accumulate down the tree, so that cost never falls): splits of fewer extra
+            steps are not merged again, and a pair that needed more than ``pair_cost`` keeps its bound at no cost.
     """
 
     prioritize_conflicts: bool = True
@@ -60,6 +63,7 @@ class CBSOptions:
     incremental: bool = True
     pair_cost: int = 2
     pair_nodes: int = 10
+    inherit_weights: bool = True
 
     def __post_init__(self) -> None:
         if self.heuristic not in ("none", "cg", "wdg"):
@@ -105,11 +109,12 @@ VERTICES, EDGE, MIN_COST, SETTLE = range(4)
 class Node:
     """A constraint-tree node (see the module docstring)."""
 
-    __slots__ = ("paths", "cons", "g", "h", "conflicts", "classified", "ready")
+    __slots__ = ("paths", "cons", "g", "h", "conflicts", "classified", "ready", "bounds")
 
     def __init__(self, paths: list[list[int]], cons: list[AgentConstraints], g: int, h: int,
                  conflicts: dict[tuple[int, int], list[Conflict]],
-                 classified: dict[tuple[int, int], tuple[tuple[int, int, int], Conflict]]) -> None:
+                 classified: dict[tuple[int, int], tuple[tuple[int, int, int], Conflict]],
+                 bounds: dict[tuple[int, int], int] | None = None) -> None:
         self.paths = paths
         self.cons = cons
         self.g = g
@@ -117,6 +122,9 @@ class Node:
         self.conflicts = conflicts
         self.classified = classified
         self.ready = False
+        self.bounds = bounds if bounds is not None else {}
+        """Pair -> a lower bound on the two agents' joint cost under this node's constraints (WDG weights found
+        here or in an ancestor: a child only adds constraints, so its pairs cost at least as much)."""
 
 
 class CBS:
@@ -291,7 +299,8 @@ class CBS:
         classified = {k: v for k, v in node.classified.items() if k[0] not in done and k[1] not in done}
         conflicts.update(self._new_conflicts(paths, replan))
         h = max(0, node.g + node.h - g)
-        return Node(paths, cons, g, h, conflicts, classified)
+        return Node(paths, cons, g, h, conflicts, classified,
+                    dict(node.bounds) if self.options.inherit_weights else None)
 
     # -------------------------------------------------------------------------------------- low level, conflicts
     def _plan(self, a: int, paths: list[list[int]], cons: AgentConstraints, lower: int) -> list[int] | None:
@@ -385,6 +394,7 @@ class CBS:
             w = self._pair_weight(node, key, rank[0] == Priority.CARDINAL)
             if w >= INF:
                 return False
+            node.bounds[key] = len(node.paths[key[0]]) + len(node.paths[key[1]]) - 2 + w
             if w:
                 weights[key] = w
         if weights:
@@ -403,11 +413,16 @@ class CBS:
         a, b = key
         cons_a, cons_b = node.cons[a], node.cons[b]
         memo = (a, b, cons_a, cons_b)
+        bound = node.bounds.get(key)
+        at_least = 0 if bound is None else max(0, bound - (len(node.paths[a]) + len(node.paths[b]) - 2))
         w = self.weights.get(memo)
         if w is not None:
-            return w
+            return max(w, at_least)
+        if at_least > self.options.pair_cost:
+            self.weights[memo] = at_least
+            return at_least
         w = -1
-        for k in range(int(cardinal), self.options.pair_cost + 1):
+        for k in range(max(int(cardinal), at_least), self.options.pair_cost + 1):
             undecided = False
             for i in range(k + 1):
                 mdd_a, mdd_b = self._mdd(a, node, i), self._mdd(b, node, k - i)
