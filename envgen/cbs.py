@@ -164,6 +164,12 @@ class GroupPlan(NamedTuple):
     method: str
 
 
+DEFAULT_OPTIONS = CBSOptions()
+"""Every improvement on (the options are immutable: one instance serves every solve)."""
+DEFAULT_BUDGET = SolverBudget()
+"""The default budget (immutable, shared)."""
+
+
 def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOptions | None = None) -> SolveResult:
     """Solve ``instance`` optimally for the sum of costs within ``budget``, with the search ``options`` (default: every
     improvement on).
@@ -177,15 +183,15 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
     >>> (r.soc, r.makespan, r.shortest, r.needs_wait)
     (7, 4, (2, 2), True)
     """
-    budget = budget or SolverBudget()
-    options = options or CBSOptions()
+    budget = budget or DEFAULT_BUDGET
+    options = options or DEFAULT_OPTIONS
     grid = grid_of(instance.rows)
     n = instance.num_agents
     starts = [grid.index(c) for c in instance.starts]
     goals = [grid.index(c) for c in instance.goals]
     hs = [grid.distances_from(g) for g in goals]
-    shortest = tuple(h[s] for h, s in zip(hs, starts))
-    if any(d == UNREACHABLE for d in shortest):
+    shortest = tuple([h[s] for h, s in zip(hs, starts)])
+    if UNREACHABLE in shortest:
         a = next(i for i, d in enumerate(shortest) if d == UNREACHABLE)
         return Unsolved(UnsolvedReason.NO_PATH, f"agent {a + 1}: goal {instance.goals[a]} cannot be reached from {instance.starts[a]}", 0,
                         tuple(None if d == UNREACHABLE else d for d in shortest))
@@ -213,7 +219,7 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
         for a, path in zip(agents, got.paths):
             paths[a] = path
     width = grid.width
-    cells = tuple(tuple(divmod(p, width) for p in path) for path in paths)
+    cells = tuple([tuple([divmod(p, width) for p in path]) for path in paths])
     costs = [len(p) - 1 for p in paths]
     return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
 
