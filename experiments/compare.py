@@ -6,7 +6,8 @@ train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the w
 the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. With ``--via prefect``
 each experiment is instead a run of the Prefect deployment of the ``curriculum`` flow (``dvc exp run --temp -n NAME
 -S ...``), taken by whichever worker of the pool is free (``env-engineer workers --gpus 0,1``: one worker per GPU), so
-the comparison shows in the Prefect UI and spreads over the GPUs; the results are read back the same way. Without ``--run`` it
+the comparison shows in the Prefect UI and spreads over the GPUs; a flow run that crashed (its worker's process died)
+is submitted once more, and why each failed run failed is printed; the results are read back the same way. Without ``--run`` it
 only collects the experiments already there. ``--contexts`` compares context variants of the ``policy`` engineer
 instead (the paper's ablation).
 
