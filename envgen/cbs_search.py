@@ -394,7 +394,7 @@ class CBS:
             w = self._pair_weight(node, key, rank[0] == Priority.CARDINAL)
             if w >= INF:
                 return False
-            node.bounds[key] = len(node.paths[key[0]]) + len(node.paths[key[1]]) - 2 + w
+            node.bounds[key] = _pair_cost(node, *key) + w
             if w:
                 weights[key] = w
         if weights:
@@ -414,7 +414,7 @@ class CBS:
         cons_a, cons_b = node.cons[a], node.cons[b]
         memo = (a, b, cons_a, cons_b)
         bound = node.bounds.get(key)
-        at_least = 0 if bound is None else max(0, bound - (len(node.paths[a]) + len(node.paths[b]) - 2))
+        at_least = 0 if bound is None else max(0, bound - _pair_cost(node, a, b))
         w = self.weights.get(memo)
         if w is not None:
             return max(w, at_least)
@@ -465,7 +465,7 @@ class CBS:
     def _pair_search(self, node: Node, a: int, b: int, at_least: int, memo: tuple) -> int:
         """The two agents' extra cost by a CBS of their own (at least ``at_least``, a bound already proved); its plan,
         when it finds one, is kept as the pair's witness."""
-        base = len(node.paths[a]) + len(node.paths[b]) - 2
+        base = _pair_cost(node, a, b)
         sub = CBS(self.grid, [self.starts[a], self.starts[b]], [self.goals[a], self.goals[b]],
                   [self.hs[a], self.hs[b]], replace(self.options, heuristic="cg", bypass=False),
                   self.options.pair_nodes, self.deadline)
@@ -475,3 +475,8 @@ class CBS:
             self.witnesses[memo] = (got.paths[0], got.paths[1])
             return max(at_least, sum(len(p) - 1 for p in got.paths) - base)
         return INF if got.lower >= INF else max(at_least, got.lower - base)
+
+
+def _pair_cost(node: Node, a: int, b: int) -> int:
+    """The sum of agents ``a`` and ``b``'s costs in ``node`` (what a WDG weight is counted from)."""
+    return len(node.paths[a]) + len(node.paths[b]) - 2
