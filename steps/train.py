@@ -165,6 +165,9 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
         raise ValueError(f"train.compile_scope = 'layers': {type(model).__name__} names no decoder layers "
                          "(_no_split_modules); set train.compile_scope to 'model'")
     for layer in layers:
+        # not dynamic=True: compiled dynamic from the start, a warm-start step's first pass took 95 s on an H200 against
+        # 17 s, and the epoch's short last batch still recompiled; torch's default compiles the first shape, then
+        # once more with the changed dimensions dynamic (two recompilations of about 18 s in a 1,173-step warm start)
         layer.compile()
     try:
         yield layers
@@ -347,6 +350,20 @@ def packed_attention(model: Any, device: str, padding_free: bool) -> Iterator[No
             model.set_attn_implementation(previous)
 
 
+TOKENIZER_PROCESS_EXAMPLES = 4096
+"""Fewest demonstrations per process worth tokenizing in parallel: one process tokenizes about 1,000 demonstrations/s
+(TRL's chat-template tokenization; 55 s for the starting policy's 50,000), and a process starts in about a second."""
+
+
+def tokenizer_processes(examples: int) -> int | None:
+    """Processes TRL tokenizes ``examples`` demonstrations with (its ``dataset_num_proc``): None (this process) for
+    fewer than 2 x TOKENIZER_PROCESS_EXAMPLES or on a machine of up to 2 cores; else one per TOKENIZER_PROCESS_EXAMPLES
+    demonstrations, at most half of this process's share of the cores and at most 8."""
+    cores = len(os.sched_getaffinity(0)) // world_size()
+    processes = min(8, cores // 2, examples // TOKENIZER_PROCESS_EXAMPLES)
+    return processes if processes >= 2 else None
+
+
 def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path,
                progress: bool = True) -> dict[str, Any]:
     """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
@@ -366,7 +383,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      # padding-free rows are not cut (TRL enforces max_length only on padded batches)
                      max_length=None if config.sft_padding_free else 2048,
                      train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random",
-                     padding_free=config.sft_padding_free)
+                     padding_free=config.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),

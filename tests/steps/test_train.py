@@ -317,3 +317,16 @@ def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
     for setting, device in (("auto", "cuda"), ("efficient", "cpu")):
         with attention_kernels(setting, device):
             assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
+@pytest.mark.parametrize(("cores", "processes", "examples", "expected"), [
+    (16, 1, 50_000, 8),  # the starting policy's warm start on a GPU machine: 8 tokenizer processes
+    (16, 1, 8_192, 2),
+    (16, 1, 8_191, None),  # under two processes' worth: tokenized in this process
+    (16, 2, 50_000, 4),  # two training processes share the cores
+    (2, 1, 50_000, None),  # a 2-core machine keeps its cores for training
+])
+def test_tokenizer_processes_follow_the_demonstrations_and_the_cores(monkeypatch, cores, processes, examples, expected):
+    monkeypatch.setattr(train_mod.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(train_mod, "world_size", lambda: processes)
+    assert train_mod.tokenizer_processes(examples) == expected
