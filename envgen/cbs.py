@@ -35,7 +35,7 @@ from itertools import combinations
 from typing import NamedTuple
 
 from envgen.cbs_joint import JointFailure, JointPlan, joint_search, reachable
-from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path
+from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path, shortest_path
 from envgen.cbs_search import CBS, CBSOptions, Found
 from envgen.grid import UNREACHABLE, Grid, grid_of
 from envgen.instance import Cell, Instance
@@ -224,6 +224,63 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
     return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
 
 
+def shortest_paths_agree(instance: Instance) -> bool:
+    """True when one shortest path per agent (each step to the first neighbour one closer to its goal) leaves no two
+    agents on one cell or swapping cells, an agent staying on its goal once there: then the optimal sum of costs is
+    the sum of the shortest distances and the instance needs no wait (:attr:`Solved.needs_wait` is False), known
+    without a search. False says nothing (other shortest paths may agree)."""
+    grid = grid_of(instance.rows)
+    width = grid.width
+    paths = []
+    for (sr, sc), (gr, gc) in zip(instance.starts, instance.goals):
+        goal = gr * width + gc
+        h = grid.distances_from(goal)
+        start = sr * width + sc
+        if h[start] == UNREACHABLE:
+            return False
+        paths.append(shortest_path(grid, h, start, goal))
+    if len(paths) == 2:  # the training distribution's case, in one pass
+        p, q = paths if len(paths[0]) >= len(paths[1]) else paths[::-1]
+        last, goal_q = len(q) - 1, q[-1]
+        was_p, was_q = p[0], q[0]
+        if was_p == was_q:
+            return False
+        for t in range(1, len(p)):
+            u = p[t]
+            w = q[t] if t <= last else goal_q
+            if u == w or (u == was_q and w == was_p):
+                return False
+            was_p, was_q = u, w
+        return True
+    return first_conflict(paths) is None
+
+
+def first_conflict(paths: list[list[int]]) -> tuple[int, int] | None:
+    """Two agents of ``paths`` (cells from time 0; an agent stays on its last cell) that meet on a cell or swap cells,
+    the earliest such pair (lower agent first); None when the paths are conflict-free."""
+    last = [len(p) - 1 for p in paths]
+    was: dict[int, int] = {}
+    for a, p in enumerate(paths):
+        if p[0] in was:
+            return was[p[0]], a
+        was[p[0]] = a
+    prev = [p[0] for p in paths]
+    for t in range(1, max(last) + 1):
+        here: dict[int, int] = {}
+        now = [p[t] if t <= end else p[end] for p, end in zip(paths, last)]
+        for a, u in enumerate(now):
+            b = here.get(u)
+            if b is not None:
+                return b, a
+            here[u] = a
+        for a, u in enumerate(now):
+            b = was.get(u)
+            if b is not None and b != a and now[b] == prev[a]:
+                return min(a, b), max(a, b)
+        was, prev = here, now
+    return None
+
+
 def reorders_freely(grid: Grid, h: list[int]) -> bool:
     """Whether two agents can reach every placement of theirs in the component of the cells ``h`` reaches (the
     distances to a cell of it): yes unless the component is a simple path, where they keep their order.
@@ -272,7 +329,7 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
             got = search.resume(min(budget.max_nodes, EXHAUSTIVE_AFTER))
             if not isinstance(got, Found) and got.why == "nodes" and budget.max_nodes > EXHAUSTIVE_AFTER:
                 if budget.max_joint_states:
-                    hard = _exhaustive(grid, agents, starts, goals, budget.max_joint_states)
+                    hard = _exhaustive(grid, agents, starts, goals, budget.max_joint_states, options.independence)
                     if isinstance(hard, str):
                         return Unsolved(UnsolvedReason.UNSOLVABLE, hard, got.nodes, ())
                     if isinstance(hard, JointPlan):
@@ -300,12 +357,13 @@ def _solve_group(instance: Instance, grid: Grid, agents: list[int], starts: list
 
 
 def _exhaustive(grid: Grid, agents: list[int], starts: list[int], goals: list[int],
-                max_states: int) -> str | JointPlan | int:
+                max_states: int, independence: bool = True) -> str | JointPlan | int:
     """The exhaustive searches on a group CBS finds hard (of at most ``EXHAUSTIVE_AGENTS`` agents): a proof that no
     plan exists (its text), the optimal plan, or the states spent without an answer.
 
     Reachability of the whole group first; when undecided, of every pair and then every triple of its agents (if some
-    agents alone cannot reach their goals, the group cannot); then the optimal joint A*."""
+    agents alone cannot reach their goals, the group cannot); then the optimal joint A*; when that runs out of states
+    and ``independence`` is on, :func:`independent_groups` (whose smaller searches decide groups that split)."""
     if len(agents) > EXHAUSTIVE_AGENTS:
         return 0
     spent = 0
@@ -325,8 +383,66 @@ def _exhaustive(grid: Grid, agents: list[int], starts: list[int], goals: list[in
     if isinstance(joint, JointFailure):
         if joint.unsolvable:
             return "exhaustive joint search: no conflict-free plan reaches all goals"
-        return spent + joint.states
+        spent += joint.states
+        if not independence:
+            return spent
+        parted = independent_groups(grid, starts, goals, max_states)
+        if isinstance(parted, JointPlan):
+            return parted._replace(states=spent + parted.states)
+        return parted if isinstance(parted, str) else spent + parted
     return joint
+
+
+def independent_groups(grid: Grid, starts: list[int], goals: list[int], max_states: int) -> JointPlan | str | int:
+    """Independence detection (Standley 2010): every agent planned alone; while two groups' plans conflict, first one
+    group and then the other is planned again at its own optimal cost avoiding the other's paths (once per pair of
+    groups), and only when neither can the two are merged and planned together. Every search is the joint A* within
+    ``max_states``. Each group's plan stays optimal for its agents alone, a lower bound on their part of any plan, so
+    conflict-free plans of the groups are an optimal plan together. Returns that plan, a proof that none exists (a
+    group has no plan), or the states spent without an answer (a merged group's search ran out of states)."""
+    group = list(range(len(starts)))
+    members = [[a] for a in group]
+    paths: list[list[int]] = [[] for _ in starts]
+    tried: set[tuple[tuple[int, ...], tuple[int, ...]]] = set()
+    spent = 0
+
+    def plan(g: int, avoid: list[list[int]] | None = None, max_cost: int | None = None) -> JointPlan | JointFailure:
+        nonlocal spent
+        agents = members[g]
+        got = joint_search(grid, [starts[a] for a in agents], [goals[a] for a in agents], max_states, avoid, max_cost)
+        spent += got.states
+        if isinstance(got, JointPlan):
+            for a, path in zip(agents, got.paths):
+                paths[a] = path
+        return got
+
+    for g in group:
+        if isinstance(plan(g), JointFailure):
+            return f"agent {g + 1} cannot reach its goal"
+    while (clash := first_conflict(paths)) is not None:
+        ga, gb = group[clash[0]], group[clash[1]]
+        key = (tuple(members[ga]), tuple(members[gb]))
+        if key not in tried:
+            tried.add(key)
+            replanned = False
+            for mine, theirs in ((ga, gb), (gb, ga)):
+                cost = sum(len(paths[a]) - 1 for a in members[mine])
+                if isinstance(plan(mine, [paths[a] for a in members[theirs]], cost), JointPlan):
+                    replanned = True
+                    break
+            if replanned:
+                continue
+        for a in members[gb]:
+            group[a] = ga
+        members[ga] = sorted(members[ga] + members[gb])
+        members[gb] = []
+        got = plan(ga)
+        if isinstance(got, JointFailure):
+            if got.unsolvable:
+                who = " and ".join(str(a + 1) for a in members[ga])
+                return f"agents {who} alone cannot all reach their goals (exhaustive joint search)"
+            return spent
+    return JointPlan(paths, sum(len(p) - 1 for p in paths), spent)
 
 
 # ------------------------------------------------------------------------------------------- exhaustive fallback

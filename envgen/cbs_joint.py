@@ -33,7 +33,8 @@ class JointFailure(NamedTuple):
     states: int
 
 
-def joint_search(grid: Grid, starts: list[int], goals: list[int], max_states: int) -> JointPlan | JointFailure:
+def joint_search(grid: Grid, starts: list[int], goals: list[int], max_states: int,
+                 avoid: list[list[int]] | None = None, max_cost: int | None = None) -> JointPlan | JointFailure:
     """Optimal sum-of-costs A* over joint configurations; exact, and proves unsolvability by exhausting them.
 
     A state is every agent's cell and whether it has finished (settled on its goal for good). A step costs the number
@@ -41,12 +42,28 @@ def joint_search(grid: Grid, starts: list[int], goals: list[int], max_states: in
     goals, is consistent, so the first finished state popped is optimal. ``max_states`` bounds the states visited.
     (Moving the agents one at a time, operator decomposition, visits several times more states here: the heuristic is
     weak in the crowded pockets this search is for.)
+
+    ``avoid``: paths of other agents (each stays on its last cell) that the plan must not conflict with; the state then
+    carries the time up to the longest of them. ``max_cost``: only plans of at most that sum of costs. With either, a
+    failure that exhausts the states proves only that no such plan exists.
     """
     n = len(starts)
     hs = [grid.distances_from(g) for g in goals]
     options = grid.options
     all_done = (1 << n) - 1
-    start = (tuple(starts), 0)
+    avoid = avoid or []
+    horizon = max((len(q) - 1 for q in avoid), default=0)  # past it the time no longer matters: t stays there
+    at = [frozenset(q[min(t, len(q) - 1)] for q in avoid) for t in range(horizon + 1)]
+    moved = [frozenset((q[t - 1], q[t]) for q in avoid if 0 < t < len(q)) for t in range(horizon + 1)]
+    last_visit: dict[int, float] = {}
+    for q in avoid:
+        for t, c in enumerate(q):
+            last_visit[c] = t
+        last_visit[q[-1]] = float("inf")
+    limit = (1 << 60) if max_cost is None else max_cost
+    start = (tuple(starts), 0, 0)
+    if any(c in at[0] for c in starts):
+        return JointFailure(True, 1)
     dist = {start: 0}
     parent: dict = {start: None}
     heap = [(sum(h[s] for h, s in zip(hs, starts)), 0, 0, start)]
@@ -57,30 +74,36 @@ def joint_search(grid: Grid, starts: list[int], goals: list[int], max_states: in
         d = -negd
         if d > dist[state]:
             continue
-        pos, done = state
+        pos, done, t = state
         if done == all_done:
             return JointPlan(*_joint_paths(state, parent, n), len(dist))
         if len(dist) > max_states:
             return JointFailure(False, len(dist))
         succ = []
-        for a in range(n):  # finishing: free of cost and time
-            if not done >> a & 1 and pos[a] == goals[a]:
-                succ.append(((pos, done | 1 << a), 0))
+        for a in range(n):  # finishing: free of cost and time (and no avoided agent comes by the goal afterwards)
+            if not done >> a & 1 and pos[a] == goals[a] and last_visit.get(goals[a], -1) < t:
+                succ.append(((pos, done | 1 << a, t), 0))
         step_cost = n - bin(done).count("1")
         if step_cost:
+            t2 = min(t + 1, horizon)
+            busy, swaps = at[t2], moved[t2] if t < horizon else ()
             for nxt in _joint_moves(pos, [(pos[a],) if done >> a & 1 else options[pos[a]] for a in range(n)]):
-                succ.append(((nxt, done), step_cost))
+                if avoid and any(v in busy or (v, u) in swaps for u, v in zip(pos, nxt)):
+                    continue
+                succ.append(((nxt, done, t2), step_cost))
         for s2, c in succ:
             d2 = d + c
             if d2 < dist.get(s2, 1 << 60):
-                dist[s2] = d2
-                parent[s2] = state
-                counter += 1
-                p2, done2 = s2
+                p2, done2, _ = s2
                 h2 = d2
                 for a in range(n):
                     if not done2 >> a & 1:
                         h2 += hs[a][p2[a]]
+                if h2 > limit:
+                    continue
+                dist[s2] = d2
+                parent[s2] = state
+                counter += 1
                 push(heap, (h2, -d2, counter, s2))
     return JointFailure(True, len(dist))
 
@@ -111,7 +134,8 @@ def _joint_paths(state, parent, n: int) -> tuple[list[list[int]], int]:
     chain.reverse()
     timeline = [chain[0][0]]
     finish = [0] * n
-    for (_, done0), (pos1, done1) in zip(chain, chain[1:]):
+    for before, after in zip(chain, chain[1:]):  # a state is (cells, done mask) or (cells, done mask, time)
+        done0, pos1, done1 = before[1], after[0], after[1]
         if done1 != done0:
             for a in range(n):
                 if done1 >> a & 1 and not done0 >> a & 1:

@@ -53,6 +53,9 @@ class CBSOptions:
         inherit_weights: a child's WDG weight for a pair starts from the bound on the pair's joint cost found in its
             ancestors (constraints only accumulate down the tree, so that cost never falls): splits of fewer extra
             steps are not merged again, and a pair that needed more than ``pair_cost`` keeps its bound at no cost.
+        independence: not CBS itself but the solver's last resort (:func:`envgen.cbs.solve`): a group that CBS and the
+            exhaustive joint A* leave undecided is split by independence detection (Standley 2010), the agents planned
+            alone and merged only where their plans conflict (:func:`envgen.cbs.independent_groups`).
     """
 
     prioritize_conflicts: bool = True
@@ -64,6 +67,7 @@ class CBSOptions:
     pair_cost: int = 2
     pair_nodes: int = 10
     inherit_weights: bool = True
+    independence: bool = True
 
     def __post_init__(self) -> None:
         if self.heuristic not in ("none", "cg", "wdg"):

@@ -154,3 +154,32 @@ def test_generator_versions_are_kept_and_validated(tmp_path):
         GeneratorOptions(version=7)
     with pytest.raises(ValueError, match="max_attempts = 0"):
         GeneratorOptions(max_attempts=0)
+
+
+@pytest.mark.parametrize("cfg", [small_config(budget=120), small_config(budget=60, num_agents=3, seed=8)])
+def test_screening_wait_slot_draws_changes_no_file(cfg, monkeypatch):
+    """The default version rejects a wait slot's draw whose shortest paths already agree without solving it; the instances,
+    plans, node counts and draw statistics are those of solving every draw."""
+    import dataclasses
+
+    import envgen.generator as generator
+
+    screened = list(generate(cfg, GeneratorOptions()))
+    version = GeneratorOptions().version
+    monkeypatch.setitem(generator.GENERATOR_VERSIONS, version,
+                        dataclasses.replace(GENERATOR_VERSIONS[version], screens=False))
+    solved = list(generate(cfg, GeneratorOptions()))
+    assert [(g.instance, g.solution, g.attempts, g.counts) for g in screened] == \
+        [(g.instance, g.solution, g.attempts, g.counts) for g in solved]
+    assert draw_statistics(screened) == draw_statistics(solved)
+    assert draw_statistics(screened)["rejected"].get("needs no wait", 0) > 0
+
+
+def test_version_3_decides_every_draw_version_2_decided_alike():
+    """Version 3 differs from 2 only on draws 2 leaves over budget (independence detection as a last resort): on
+    two-, three- and five-agent configurations without such draws, the same instances, plans and draw counts."""
+    dense = EnvConfig(budget=40, seed=2, num_agents=5, sizes={8: SizeConfig(data_ratio=1, hole_ratio=0.3, wait_ratio=0.5)})
+    for cfg in (small_config(budget=80), small_config(budget=40, num_agents=3, seed=4), dense):
+        two, three = list(generate(cfg, GeneratorOptions(version=2))), list(generate(cfg, GeneratorOptions(version=3)))
+        assert [(g.instance, g.solution, g.counts) for g in two] == [(g.instance, g.solution, g.counts) for g in three]
+        assert {g.version for g in two} == {"mapf-frozenlake-gen/2"} and {g.version for g in three} == {GENERATOR_VERSION}

@@ -1,4 +1,5 @@
 import csv
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -167,3 +168,129 @@ def test_pairs_shut_in_pockets_are_proven_unsolvable_before_cbs_and_agree_with_t
             assert isinstance(result, Solved) and result.soc == joint.soc
             solved += 1
     assert pockets >= 10 and solved >= 100  # both kinds were exercised
+
+
+def test_agreeing_shortest_paths_mean_no_wait_and_disagreeing_ones_say_nothing():
+    """``shortest_paths_agree`` (the generator's screen of draws for wait slots): True only where the solver finds the
+    sum of the shortest distances optimal; a swap in a corridor or two agents stepping onto one cell are not agreement."""
+    import random
+
+    from envgen.cbs import shortest_paths_agree
+    from envgen.config import SizeConfig
+    from envgen.generator import draw_instance
+
+    assert not shortest_paths_agree(Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0))))  # swap
+    assert not shortest_paths_agree(Instance(("FFF", "HFH"), ((0, 0), (1, 1)), ((0, 2), (0, 1))))  # one cell at t=1
+    assert not shortest_paths_agree(Instance(("FFF", "HHH"), ((0, 0), (0, 1)), ((0, 2), (0, 1))))  # over a goal
+    assert shortest_paths_agree(Instance(("FFF", "FFF"), ((0, 0), (1, 2)), ((0, 2), (1, 0))))  # side by side
+    rng = random.Random(5)
+    said = Counter()
+    for i in range(3000):
+        agents = (2, 2, 3, 4)[i % 4]
+        inst = draw_instance(rng, rng.randint(3, 7), SizeConfig(data_ratio=1, hole_ratio=rng.choice([0.0, 0.2, 0.4])),
+                             agents, head_on=i % 3 == 0)
+        if inst is None:
+            continue
+        agree = shortest_paths_agree(inst)
+        result = solve(inst)
+        said[agree, isinstance(result, Solved) and not result.needs_wait] += 1
+        if agree:
+            assert isinstance(result, Solved) and result.soc == sum(result.shortest), inst
+    assert said[True, True] > 500 and said[False, True] > 50 and said[False, False] > 200, said
+
+
+def test_first_conflict_finds_meetings_and_swaps_and_agents_staying_on_their_goals():
+    from envgen.cbs import first_conflict
+
+    assert first_conflict([[0, 1, 2], [4, 5, 6]]) is None
+    assert first_conflict([[0, 1, 2], [2, 1, 0]]) == (0, 1)  # both on 1 at t=1
+    assert first_conflict([[0, 1], [1, 0]]) == (0, 1)  # a swap
+    assert first_conflict([[0, 1, 2], [3, 0, 1]]) is None  # following is allowed
+    assert first_conflict([[5], [3, 4, 5]]) == (0, 1)  # agent 0 stays on its goal 5
+    assert first_conflict([[7, 8], [8, 9], [3, 4, 9]]) == (1, 2)
+
+
+def _drawn(seed: int, count: int, agents: tuple[int, ...], sizes: tuple[int, ...], holes: tuple[float, ...]):
+    import random
+
+    from envgen.config import SizeConfig
+    from envgen.generator import draw_instance
+
+    rng = random.Random(seed)
+    while count:
+        inst = draw_instance(rng, rng.choice(sizes), SizeConfig(data_ratio=1, hole_ratio=rng.choice(holes)),
+                             rng.choice(agents), head_on=rng.random() < 0.3)
+        if inst is not None:
+            count -= 1
+            yield inst
+
+
+def test_independence_detection_agrees_with_the_joint_search():
+    """``independent_groups`` (the solver's last resort) against the whole group's joint A*: the same optimum with a
+    conflict-free plan, or both proving that no plan exists."""
+    from envgen.cbs import first_conflict, independent_groups
+    from envgen.cbs_joint import JointFailure, JointPlan, joint_search
+    from envgen.grid import grid_of
+
+    verdicts = Counter()
+    for inst in _drawn(3, 250, (2, 3, 4), (4, 5, 6), (0.2, 0.35, 0.5)):
+        grid = grid_of(inst.rows)
+        starts, goals = [grid.index(c) for c in inst.starts], [grid.index(c) for c in inst.goals]
+        if _unreachable(grid, starts, goals):
+            continue
+        whole = joint_search(grid, starts, goals, 2_000_000)
+        parted = independent_groups(grid, starts, goals, 2_000_000)
+        if isinstance(whole, JointFailure):
+            assert whole.unsolvable and isinstance(parted, str), inst.to_str()
+            verdicts["unsolvable"] += 1
+            continue
+        assert isinstance(parted, JointPlan) and parted.soc == whole.soc, inst.to_str()
+        assert first_conflict(parted.paths) is None and [p[0] for p in parted.paths] == starts
+        assert [p[-1] for p in parted.paths] == goals and parted.soc == sum(len(p) - 1 for p in parted.paths)
+        verdicts["split" if parted.states < whole.states else "solved"] += 1
+    assert verdicts["unsolvable"] >= 5 and verdicts["solved"] + verdicts["split"] >= 150, verdicts
+
+
+def _unreachable(grid, starts, goals) -> bool:
+    from envgen.grid import UNREACHABLE
+
+    return any(grid.distances_from(g)[s] == UNREACHABLE for s, g in zip(starts, goals))
+
+
+def test_joint_search_avoiding_other_paths_within_a_cost():
+    """The constrained joint A* (independence detection's replanning): its plan never conflicts with the paths it
+    avoids and costs at most ``max_cost``; without constraints to bind, the same optimum as the plain search."""
+    from envgen.cbs import first_conflict
+    from envgen.cbs_joint import JointPlan, joint_search
+    from envgen.grid import grid_of
+
+    found = 0
+    for inst in _drawn(8, 150, (3,), (4, 5), (0.1, 0.25)):
+        grid = grid_of(inst.rows)
+        starts, goals = [grid.index(c) for c in inst.starts], [grid.index(c) for c in inst.goals]
+        if _unreachable(grid, starts, goals):
+            continue
+        plain = joint_search(grid, starts[:2], goals[:2], 500_000)
+        free = joint_search(grid, starts[:2], goals[:2], 500_000, avoid=[], max_cost=None)
+        assert type(plain) is type(free) and getattr(plain, "soc", None) == getattr(free, "soc", None)
+        third = joint_search(grid, starts[2:], goals[2:], 10_000)
+        if not isinstance(third, JointPlan) or not isinstance(plain, JointPlan):
+            continue
+        for cap in (plain.soc, plain.soc + 2):
+            got = joint_search(grid, starts[:2], goals[:2], 500_000, avoid=third.paths, max_cost=cap)
+            if isinstance(got, JointPlan):
+                found += 1
+                assert got.soc <= cap and first_conflict(got.paths + third.paths) is None, inst.to_str()
+                assert [p[0] for p in got.paths] == starts[:2] and [p[-1] for p in got.paths] == goals[:2]
+    assert found >= 100, found
+
+
+def test_the_over_budget_five_agent_draw_is_solved_by_independence_detection():
+    """Draw 218 of the dense five-agent benchmark (seed 0): CBS and the five-agent joint A* give up within the default
+    budget; split into independent groups it is solved (agents 2 and 4 make way for agent 1 in a corridor)."""
+    rows = tuple("HFHFFHHFHH HHHHHHFFFF HFFHHFFHFF FHHHFFHHFF HFHHFHFFFF HHFFFFFHFF HFHFFHHFHH FHHFHHFFFH HHHFFFHFHH "
+                 "HHFFHFFFHH".split())
+    inst = Instance(rows, ((7, 7), (8, 5), (3, 9), (9, 5), (2, 9)), ((0, 7), (9, 7), (3, 4), (9, 6), (5, 3)))
+    got = solve(inst)
+    assert isinstance(got, Solved) and got.method == "joint" and got.soc == 65
+    assert isinstance(check_paths(inst, got.paths, got.soc), Valid)
