@@ -34,6 +34,7 @@ from enum import Enum
 from itertools import combinations
 from typing import NamedTuple
 
+from envgen.cbs_conflicts import pair_collides
 from envgen.cbs_joint import JointFailure, JointPlan, joint_search, reachable
 from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path, shortest_path
 from envgen.cbs_search import CBS, CBSOptions, Found
@@ -239,46 +240,13 @@ def shortest_paths_agree(instance: Instance) -> bool:
         if h[start] == UNREACHABLE:
             return False
         paths.append(shortest_path(grid, h, start, goal))
-    if len(paths) == 2:  # the training distribution's case, in one pass
-        p, q = paths if len(paths[0]) >= len(paths[1]) else paths[::-1]
-        last, goal_q = len(q) - 1, q[-1]
-        was_p, was_q = p[0], q[0]
-        if was_p == was_q:
-            return False
-        for t in range(1, len(p)):
-            u = p[t]
-            w = q[t] if t <= last else goal_q
-            if u == w or (u == was_q and w == was_p):
-                return False
-            was_p, was_q = u, w
-        return True
     return first_conflict(paths) is None
 
 
 def first_conflict(paths: list[list[int]]) -> tuple[int, int] | None:
-    """Two agents of ``paths`` (cells from time 0; an agent stays on its last cell) that meet on a cell or swap cells,
-    the earliest such pair (lower agent first); None when the paths are conflict-free."""
-    last = [len(p) - 1 for p in paths]
-    was: dict[int, int] = {}
-    for a, p in enumerate(paths):
-        if p[0] in was:
-            return was[p[0]], a
-        was[p[0]] = a
-    prev = [p[0] for p in paths]
-    for t in range(1, max(last) + 1):
-        here: dict[int, int] = {}
-        now = [p[t] if t <= end else p[end] for p, end in zip(paths, last)]
-        for a, u in enumerate(now):
-            b = here.get(u)
-            if b is not None:
-                return b, a
-            here[u] = a
-        for a, u in enumerate(now):
-            b = was.get(u)
-            if b is not None and b != a and now[b] == prev[a]:
-                return min(a, b), max(a, b)
-        was, prev = here, now
-    return None
+    """The first pair of agents (in agent order) whose ``paths`` collide (:func:`envgen.cbs_conflicts.pair_collides`:
+    a shared cell or a swap, each agent staying on its last cell); None when the paths are conflict-free."""
+    return next(((a, b) for a, b in combinations(range(len(paths)), 2) if pair_collides(paths[a], paths[b])), None)
 
 
 def reorders_freely(grid: Grid, h: list[int]) -> bool:
@@ -416,6 +384,9 @@ def independent_groups(grid: Grid, starts: list[int], goals: list[int], max_stat
                 paths[a] = path
         return got
 
+    def cost(g: int) -> int:
+        return sum(len(paths[a]) - 1 for a in members[g])
+
     for g in group:
         if isinstance(plan(g), JointFailure):
             return f"agent {g + 1} cannot reach its goal"
@@ -424,14 +395,9 @@ def independent_groups(grid: Grid, starts: list[int], goals: list[int], max_stat
         key = (tuple(members[ga]), tuple(members[gb]))
         if key not in tried:
             tried.add(key)
-            replanned = False
-            for mine, theirs in ((ga, gb), (gb, ga)):
-                cost = sum(len(paths[a]) - 1 for a in members[mine])
-                if isinstance(plan(mine, [paths[a] for a in members[theirs]], cost), JointPlan):
-                    replanned = True
-                    break
-            if replanned:
-                continue
+            if any(isinstance(plan(mine, [paths[a] for a in members[theirs]], cost(mine)), JointPlan)
+                   for mine, theirs in ((ga, gb), (gb, ga))):
+                continue  # one group found another plan of its cost, clear of the other's paths
         for a in members[gb]:
             group[a] = ga
         members[ga] = sorted(members[ga] + members[gb])

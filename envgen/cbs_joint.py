@@ -134,8 +134,7 @@ def _joint_paths(state, parent, n: int) -> tuple[list[list[int]], int]:
     chain.reverse()
     timeline = [chain[0][0]]
     finish = [0] * n
-    for before, after in zip(chain, chain[1:]):  # a state is (cells, done mask) or (cells, done mask, time)
-        done0, pos1, done1 = before[1], after[0], after[1]
+    for (_, done0, _), (pos1, done1, _) in zip(chain, chain[1:]):
         if done1 != done0:
             for a in range(n):
                 if done1 >> a & 1 and not done0 >> a & 1:
