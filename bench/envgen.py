@@ -28,7 +28,7 @@ from envgen.cbs import Solved, Unsolved, solve  # noqa: E402
 from envgen.config import EnvConfig, SizeConfig, uniform_config  # noqa: E402
 from envgen.dataset import generate_verified  # noqa: E402
 from envgen.generator import GeneratorOptions, draw_instance  # noqa: E402
-from envgen.grid import _tables, grid_of  # noqa: E402
+from envgen.grid import _steps, _tables, grid_of  # noqa: E402
 from envgen.simulate import check_plan, paths_to_moves  # noqa: E402
 
 
@@ -47,6 +47,7 @@ def clear_caches() -> None:
     """Forget the cached grids and move tables, as in a fresh process."""
     grid_of.cache_clear()
     _tables.cache_clear()
+    _steps.cache_clear()
 
 
 def bench_generator(budget: int) -> dict[str, dict[str, float]]:
