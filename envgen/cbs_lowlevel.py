@@ -8,6 +8,7 @@ arrival at its goal, where it then stays (the rules of :mod:`envgen.simulate`).
 from __future__ import annotations
 
 import heapq
+from functools import lru_cache
 from typing import NamedTuple
 
 from envgen.grid import Grid
@@ -198,6 +199,8 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
     bound = max(lower_bound, hold, h[start])
     if bound > max_cost:
         return None
+    if blocked is not None and not may_pass_blocks(grid, start, goal, cons.blocked):
+        return None
     last = cons.last
     if cat is not None:
         occ, tlen, park, moves = cat.occ, cat.tlen, cat.park, cat.moves
@@ -292,6 +295,38 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
             cells.append(v)
             parents.append(idx)
             keys.append(k)
+
+
+def may_pass_blocks(grid: Grid, start: int, goal: int, blocked: tuple[tuple[int, int], ...]) -> bool:
+    """False when no path from ``start`` to ``goal`` can obey the ``blocked`` constraints (each cell forbidden from
+    its time on), whatever the other constraints: a quick proof that :func:`find_path` would return None, which it
+    would otherwise reach only by exhausting every (time, cell) state.
+
+    A relaxation: at ``T``, the latest block's time, any such path is on a cell no block covers (or on its goal,
+    never a blocked cell), reachable from ``start`` within ``T`` steps, and from there reaches ``goal`` without
+    entering a blocked cell. If no cell is all three, no path exists. True says nothing (the search decides)."""
+    side = _goal_side(grid, goal, frozenset([cell for cell, _ in blocked]))
+    if side[start]:
+        return True  # it may wait on its start until T, then walk round the blocked cells
+    latest = max(t for _, t in blocked)
+    reach = grid.distances_from(start)
+    return any(side[u] and 0 <= reach[u] <= latest for u in range(len(reach)))
+
+
+@lru_cache(maxsize=4096)
+def _goal_side(grid: Grid, goal: int, walls: frozenset[int]) -> bytes:
+    """``side[u]`` is 1 when cell ``u`` (not a wall) reaches ``goal`` without entering a wall."""
+    side = bytearray(len(grid.free))
+    nbrs = grid.neighbors
+    side[goal] = 1
+    stack = [goal]
+    while stack:
+        u = stack.pop()
+        for v in nbrs[u]:
+            if not side[v] and v not in walls:
+                side[v] = 1
+                stack.append(v)
+    return bytes(side)
 
 
 _SCALE = 1 << 24

@@ -372,3 +372,44 @@ def test_crowded_groups_are_proved_unsolvable_or_solved_exactly():
     assert isinstance(got, Solved) and got.soc == exact.soc
     check = check_paths(shuffle, got.paths, got.soc)
     assert isinstance(check, Valid) and check.optimal
+
+
+def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monkeypatch):
+    """may_pass_blocks proves a path impossible only where the exhaustive search finds none (random boards, random
+    settled cells and times, vertex constraints too), and it does prove the plain case: the goal behind a cell blocked
+    before the agent can pass it."""
+    import envgen.cbs_lowlevel as lowlevel
+
+    rng = random.Random(11)
+    proved = searched_none = 0
+    for _ in range(400):
+        n = rng.randint(3, 7)
+        rows = tuple("".join("H" if rng.random() < 0.3 else "F" for _ in range(n)) for _ in range(n))
+        grid = grid_of(rows)
+        free = [i for i, ok in enumerate(grid.free) if ok]
+        if len(free) < 4:
+            continue
+        start, goal, *others = rng.sample(free, min(len(free), 2 + rng.randint(1, 3)))
+        h = grid.distances_from(goal)
+        if h[start] < 0:
+            continue
+        cons = NO_CONSTRAINTS
+        for cell in others:
+            cons = cons.with_blocked(cell, rng.randint(1, 2 * n))
+        for _ in range(rng.randint(0, 3)):
+            cons = cons.with_vertices((rng.randint(1, 2 * n) * len(grid.free) + rng.choice(free),), len(grid.free), goal)
+        quick = lowlevel.may_pass_blocks(grid, start, goal, cons.blocked)
+        with monkeypatch.context() as m:
+            m.setattr(lowlevel, "may_pass_blocks", lambda *a: True)
+            found = find_path(grid, h, start, goal, cons, None)
+        assert quick or found is None, (rows, start, goal, cons)
+        proved += not quick
+        searched_none += found is None
+    assert proved > 10 and searched_none >= proved
+    corridor = grid_of(("FFFFF",))  # the agent on 0 must pass 2 (another's goal, settled from t=2) to reach 4
+    blocked = NO_CONSTRAINTS.with_blocked(2, 2)
+    assert not lowlevel.may_pass_blocks(corridor, 0, 4, blocked.blocked)
+    assert find_path(corridor, corridor.distances_from(4), 0, 4, blocked, None) is None
+    later = NO_CONSTRAINTS.with_blocked(2, 3)  # now it is on 2 at t=2 and past it at t=3
+    assert lowlevel.may_pass_blocks(corridor, 0, 4, later.blocked)
+    assert find_path(corridor, corridor.distances_from(4), 0, 4, later, None) == [0, 1, 2, 3, 4]
