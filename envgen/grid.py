@@ -107,8 +107,6 @@ def _bfs(neighbors: tuple[tuple[int, ...], ...], source: int, n: int) -> list[in
 class _Shape(NamedTuple):
     """What every grid of one ``h x w`` shape shares (see :func:`_tables`)."""
 
-    step: tuple[tuple[int, ...], ...]
-    """``step[m][i]``: the cell move ``MOVES[m]`` leads to from ``i``, or -1 off the grid."""
     neighbors_by_code: tuple[tuple[tuple[int, ...], ...], ...]
     """``neighbors_by_code[i][code]``: cell ``i``'s neighbours (in ``MOVES`` order) whose direction's bit is set in
     ``code`` (bit ``m`` for ``MOVES[m]``); a bit of a direction that leaves the grid is ignored."""
@@ -145,7 +143,7 @@ def _tables(h: int, w: int) -> _Shape:
         kept = [tuple(step[m][i] for m in range(4) if code >> m & 1 and step[m][i] >= 0) for code in range(16)]
         neighbors_by_code.append(tuple(kept))
         options_by_code.append(tuple((i, *nb) for nb in kept))
-    return _Shape(step, tuple(neighbors_by_code), tuple(options_by_code))
+    return _Shape(tuple(neighbors_by_code), tuple(options_by_code))
 
 
 def grid_from_free(h: int, w: int, free: tuple[bool, ...]) -> Grid:
@@ -156,11 +154,11 @@ def grid_from_free(h: int, w: int, free: tuple[bool, ...]) -> Grid:
     one row or one column lines every cell up with a neighbour, and the codes (at most 15) never carry into the next
     byte. Several times faster than a loop over the cells; the generator builds a grid for every draw."""
     n = len(free)
+    step = _steps(h, w)
     if n > LOOKUP_CELLS:  # a large map is built once: no tables of 32 tuples per cell for it
-        step = _steps(h, w)
-        around = [tuple([v for v in (step[m][i] for m in range(4)) if v >= 0 and free[v]]) if free[i] else ()
-                  for i in range(n)]
-        return Grid(h, w, free, tuple(around), step, tuple([(i, *nb) for i, nb in enumerate(around)]))
+        neighbors = tuple([tuple([v for v in (step[m][i] for m in range(4)) if v >= 0 and free[v]]) if free[i] else ()
+                           for i in range(n)])
+        return Grid(h, w, free, neighbors, step, tuple([(i, *nb) for i, nb in enumerate(neighbors)]))
     shape = _tables(h, w)
     cells = int.from_bytes(bytes(free), "little")  # byte i: 1 when cell i is free
     # byte i of each shift: whether the cell above / below / left / right of i is free (wrapping round a row's end or
@@ -169,7 +167,7 @@ def grid_from_free(h: int, w: int, free: tuple[bool, ...]) -> Grid:
     codes = ((up | down << 1 | left << 2 | right << 3) & (cells * 15)).to_bytes(n, "little")
     neighbors = tuple(map(getitem, shape.neighbors_by_code, codes))
     options = tuple(map(getitem, shape.options_by_code, codes))
-    return Grid(h, w, free, neighbors, shape.step, options)
+    return Grid(h, w, free, neighbors, step, options)
 
 
 @lru_cache(maxsize=1024)
