@@ -7,6 +7,7 @@ arrival at its goal, where it then stays (the rules of :mod:`envgen.simulate`).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from functools import lru_cache
 from typing import NamedTuple
@@ -61,11 +62,17 @@ class AgentConstraints(NamedTuple):
         return self._replace(max_cost=min(self.max_cost, cost))
 
     def with_blocked(self, cell: int, t: int) -> AgentConstraints:
-        since = dict(self.blocked)
-        if since.get(cell, INF) <= t:
-            return self
-        since[cell] = t
-        return self._replace(blocked=tuple(sorted(since.items())), last=max(self.last, t))
+        blocked = self.blocked
+        for i, (c, since) in enumerate(blocked):
+            if c == cell:
+                if since <= t:
+                    return self
+                blocked = blocked[:i] + blocked[i + 1:]
+                break
+        i = bisect.bisect(blocked, (cell, t))
+        # positional, as _replace would be, without its keyword handling (a settle branch calls this for every agent)
+        return AgentConstraints(self.vertex, self.edge, self.min_cost, self.max_cost,
+                                blocked[:i] + ((cell, t),) + blocked[i:], max(self.last, t), self.goal_block)
 
     def allows(self, path: list[int], ncell: int) -> bool:
         """Whether ``path`` (cells from time 0 to the arrival) obeys every constraint."""

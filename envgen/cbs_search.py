@@ -145,9 +145,13 @@ class CBS:
         self.deadline = deadline
         self.goal_owner = {g: a for a, g in enumerate(goals)}
         self.cat = ConflictAvoidanceTable(self.ncell, self.n)
-        self.mdds: dict[tuple[int, AgentConstraints, int], MDD | None] = {}
-        self.weights: dict[tuple[int, int, AgentConstraints, AgentConstraints], int] = {}
-        self.witnesses: dict[tuple[int, int, AgentConstraints, AgentConstraints], tuple[list[int], list[int]]] = {}
+        self.ds = [grid.distances_from(s) for s in starts]
+        # MDDs, WDG weights and their witnesses are memoised on the part of an agent's constraints that can matter at
+        # the costs they look at (:meth:`_relevant`): a settle branch blocks a cell for every other agent, and most
+        # of them can never be there.
+        self.mdds: dict[tuple, MDD | None] = {}
+        self.weights: dict[tuple, int] = {}
+        self.witnesses: dict[tuple, tuple[list[int], list[int]]] = {}
         self.expanded = 0
         self.pair_searches = 0
 
@@ -287,7 +291,7 @@ class CBS:
                 if x != agent:
                     cons[x] = cons[x].with_blocked(cell, t)
                     p = paths[x]
-                    if any(p[s] == cell for s in range(t, len(p))):
+                    if cell in p[t:]:
                         replan.append(x)
         paths = list(paths)
         g = node.g
@@ -343,11 +347,32 @@ class CBS:
         return out
 
     # ------------------------------------------------------------------------------ choosing, classifying, h
+    def _relevant(self, a: int, cons: AgentConstraints, cost: int) -> tuple:
+        """What of ``cons`` can matter to agent ``a``'s paths of cost at most ``cost``: all of it but the blocked
+        cells the agent cannot stand on at or after their times within that cost (it reaches the cell no earlier
+        than its distance from its start, and must still walk to its goal from there)."""
+        blocked = cons.blocked
+        if blocked:
+            h, d, goal = self.hs[a], self.ds[a], self.goals[a]
+            blocked = tuple(e for e in blocked if e[0] == goal or (
+                d[e[0]] >= 0 and max(e[1], d[e[0]]) + h[e[0]] <= cost))
+        return cons.vertex, cons.edge, cons.min_cost, cons.max_cost, cons.goal_block, blocked
+
+    def _pair_keys(self, node: Node, a: int, b: int) -> tuple[tuple, tuple]:
+        """The memo keys of pair ``(a, b)``'s WDG weight in ``node``: on the agents' whole constraints (a weight from
+        a two-agent search), and on their costs and the constraints relevant within ``pair_cost`` more (a weight
+        from MDD merges alone, which never look at a longer path)."""
+        ca, cb = len(node.paths[a]) - 1, len(node.paths[b]) - 1
+        extra = self.options.pair_cost
+        cons_a, cons_b = node.cons[a], node.cons[b]
+        return ((a, b, cons_a, cons_b),
+                (a, b, ca, cb, self._relevant(a, cons_a, ca + extra), self._relevant(b, cons_b, cb + extra)))
+
     def _mdd(self, a: int, node: Node, extra: int = 0) -> MDD | None:
         """Agent ``a``'s MDD in ``node`` at its cost plus ``extra`` (None when no path has that cost)."""
         cons = node.cons[a]
         cost = len(node.paths[a]) - 1 + extra
-        key = (a, cons, cost)
+        key = (a, cost, self._relevant(a, cons, cost))
         if key in self.mdds:
             return self.mdds[key]
         if len(self.mdds) > 50_000:
@@ -416,15 +441,18 @@ class CBS:
         """
         a, b = key
         cons_a, cons_b = node.cons[a], node.cons[b]
-        memo = (a, b, cons_a, cons_b)
+        whole, merged = self._pair_keys(node, a, b)
         bound = node.bounds.get(key)
         at_least = 0 if bound is None else max(0, bound - _pair_cost(node, a, b))
-        w = self.weights.get(memo)
+        w = self.weights.get(whole)
+        if w is None:
+            w = self.weights.get(merged)
         if w is not None:
             return max(w, at_least)
         if at_least > self.options.pair_cost:
-            self.weights[memo] = at_least
+            self.weights[whole] = at_least
             return at_least
+        memo = merged
         w = -1
         for k in range(max(int(cardinal), at_least), self.options.pair_cost + 1):
             undecided = False
@@ -441,6 +469,7 @@ class CBS:
             if w >= 0:
                 break
             if undecided:
+                memo = whole
                 w = self._pair_search(node, a, b, k, memo)
                 break
         if w < 0:  # every split of up to pair_cost extra steps refuted: that bound, without a search
@@ -457,7 +486,8 @@ class CBS:
         paths = list(node.paths)
         changed: list[int] = []
         for a, b in node.conflicts:
-            found = self.witnesses.get((a, b, node.cons[a], node.cons[b]))
+            whole, merged = self._pair_keys(node, a, b)
+            found = self.witnesses.get(whole) or self.witnesses.get(merged)
             if found is None or a in changed or b in changed:
                 return None
             paths[a], paths[b] = found

@@ -413,3 +413,78 @@ def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monke
     later = NO_CONSTRAINTS.with_blocked(2, 3)  # now it is on 2 at t=2 and past it at t=3
     assert lowlevel.may_pass_blocks(corridor, 0, 4, later.blocked)
     assert find_path(corridor, corridor.distances_from(4), 0, 4, later, None) == [0, 1, 2, 3, 4]
+
+
+def test_with_blocked_keeps_the_earliest_time_per_cell_sorted_by_cell():
+    """Against a dictionary of cell -> earliest time: the same pairs, sorted, whatever the order they came in."""
+    rng = random.Random(3)
+    for _ in range(300):
+        cons, since, latest = NO_CONSTRAINTS, {}, -1
+        for _ in range(rng.randint(1, 8)):
+            cell, t = rng.randint(0, 6), rng.randint(0, 9)
+            if since.get(cell, t + 1) > t:
+                latest = max(latest, t)  # `last` only grows (a safe bound on when a constraint can bite)
+            cons = cons.with_blocked(cell, t)
+            since[cell] = min(since.get(cell, t), t)
+        assert cons.blocked == tuple(sorted(since.items()))
+        assert cons.last == latest
+    same = NO_CONSTRAINTS.with_blocked(2, 3)
+    assert same.with_blocked(2, 5) is same  # a later block of a cell already blocked changes nothing
+
+
+def test_blocked_cells_left_out_of_the_memo_keys_change_no_mdd():
+    """The solver memoises MDDs and WDG weights on the constraints that can matter at the costs looked at: a blocked
+    cell an agent cannot stand on at or after its time within the cost (too far from its start or from its goal) is
+    left out of the key. Leaving it out of the constraints gives the same MDD at every cost up to that one."""
+    from envgen.cbs_search import CBS
+
+    rng = random.Random(17)
+    dropped = 0
+    for _ in range(250):
+        n = rng.randint(3, 7)
+        rows = tuple("".join("H" if rng.random() < 0.2 else "F" for _ in range(n)) for _ in range(n))
+        grid = grid_of(rows)
+        free = [i for i, ok in enumerate(grid.free) if ok]
+        if len(free) < 5:
+            continue
+        start, goal, *others = rng.sample(free, min(len(free), 2 + rng.randint(1, 4)))
+        h = grid.distances_from(goal)
+        if h[start] < 0:
+            continue
+        cons = NO_CONSTRAINTS
+        for cell in others:
+            cons = cons.with_blocked(cell, rng.randint(1, 2 * n))
+        search = CBS(grid, [start], [goal], [h], FULL, 10, float("inf"))
+        for cost in range(h[start], h[start] + 4):
+            kept = search._relevant(0, cons, cost)[-1]
+            dropped += len(cons.blocked) - len(kept)
+            fewer = cons._replace(blocked=kept)
+            for c in range(h[start], cost + 1):
+                full, part = build_mdd(grid, h, start, goal, c, cons), build_mdd(grid, h, start, goal, c, fewer)
+                assert (full is None) == (part is None), (rows, start, goal, cons.blocked, c)
+                assert full is None or full.levels == part.levels, (rows, start, goal, cons.blocked, c)
+    assert dropped > 100
+
+
+def test_a_settle_branch_reuses_the_mdds_of_agents_it_cannot_touch(monkeypatch):
+    """Target reasoning blocks a settled agent's goal for every other agent; the agents that can never stand there
+    keep their memoised MDDs (fewer builds than with the whole constraints as the key, the same optimum)."""
+    import envgen.cbs_search as search_module
+
+    inst = load_instance(bench_path("empty-8-8", "empty-8-8.map"), bench_path("empty-8-8", "empty-8-8-random-1.scen"), 20)
+    builds = {"n": 0}
+    real = search_module.build_mdd
+
+    def counted(*args):
+        builds["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(search_module, "build_mdd", counted)
+    fast = solve(inst, BUDGET)
+    with_relevance = builds["n"]
+    builds["n"] = 0
+    monkeypatch.setattr(search_module.CBS, "_relevant", lambda self, a, cons, cost: cons)
+    whole = solve(inst, BUDGET)
+    assert isinstance(fast, Solved) and isinstance(whole, Solved) and fast.soc == whole.soc
+    assert fast.nodes == whole.nodes  # the same tree: only the memo hits differ
+    assert with_relevance < builds["n"]
