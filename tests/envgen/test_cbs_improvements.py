@@ -374,6 +374,25 @@ def test_crowded_groups_are_proved_unsolvable_or_solved_exactly():
     assert isinstance(check, Valid) and check.optimal
 
 
+def _blocked_case(rng: random.Random, holes: float, most_blocked: int):
+    """A random board of 3x3..7x7, an agent's start and goal, and 1..most_blocked other cells blocked from random
+    times (other agents settled there); None when the draw leaves too few cells or the goal out of reach."""
+    n = rng.randint(3, 7)
+    rows = tuple("".join("H" if rng.random() < holes else "F" for _ in range(n)) for _ in range(n))
+    grid = grid_of(rows)
+    free = [i for i, ok in enumerate(grid.free) if ok]
+    if len(free) < 4:
+        return None
+    start, goal, *others = rng.sample(free, min(len(free), 2 + rng.randint(1, most_blocked)))
+    h = grid.distances_from(goal)
+    if h[start] < 0:
+        return None
+    cons = NO_CONSTRAINTS
+    for cell in others:
+        cons = cons.with_blocked(cell, rng.randint(1, 2 * n))
+    return rows, grid, free, start, goal, h, cons
+
+
 def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monkeypatch):
     """may_pass_blocks proves a path impossible only where the exhaustive search finds none (random boards, random
     settled cells and times, vertex constraints too), and it does prove the plain case: the goal behind a cell blocked
@@ -383,19 +402,11 @@ def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monke
     rng = random.Random(11)
     proved = searched_none = 0
     for _ in range(400):
-        n = rng.randint(3, 7)
-        rows = tuple("".join("H" if rng.random() < 0.3 else "F" for _ in range(n)) for _ in range(n))
-        grid = grid_of(rows)
-        free = [i for i, ok in enumerate(grid.free) if ok]
-        if len(free) < 4:
+        case = _blocked_case(rng, holes=0.3, most_blocked=3)
+        if case is None:
             continue
-        start, goal, *others = rng.sample(free, min(len(free), 2 + rng.randint(1, 3)))
-        h = grid.distances_from(goal)
-        if h[start] < 0:
-            continue
-        cons = NO_CONSTRAINTS
-        for cell in others:
-            cons = cons.with_blocked(cell, rng.randint(1, 2 * n))
+        rows, grid, free, start, goal, h, cons = case
+        n = len(rows)
         for _ in range(rng.randint(0, 3)):
             cons = cons.with_vertices((rng.randint(1, 2 * n) * len(grid.free) + rng.choice(free),), len(grid.free), goal)
         quick = lowlevel.may_pass_blocks(grid, start, goal, cons.blocked)
@@ -441,19 +452,10 @@ def test_blocked_cells_left_out_of_the_memo_keys_change_no_mdd():
     rng = random.Random(17)
     dropped = 0
     for _ in range(250):
-        n = rng.randint(3, 7)
-        rows = tuple("".join("H" if rng.random() < 0.2 else "F" for _ in range(n)) for _ in range(n))
-        grid = grid_of(rows)
-        free = [i for i, ok in enumerate(grid.free) if ok]
-        if len(free) < 5:
+        case = _blocked_case(rng, holes=0.2, most_blocked=4)
+        if case is None:
             continue
-        start, goal, *others = rng.sample(free, min(len(free), 2 + rng.randint(1, 4)))
-        h = grid.distances_from(goal)
-        if h[start] < 0:
-            continue
-        cons = NO_CONSTRAINTS
-        for cell in others:
-            cons = cons.with_blocked(cell, rng.randint(1, 2 * n))
+        rows, grid, free, start, goal, h, cons = case
         search = CBS(grid, [start], [goal], [h], FULL, 10, float("inf"))
         for cost in range(h[start], h[start] + 4):
             kept = search._relevant(0, cons, cost)[-1]
