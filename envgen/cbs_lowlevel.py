@@ -304,6 +304,7 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
             keys.append(k)
 
 
+@lru_cache(maxsize=16384)  # an agent's blocks are shared by many constraint-tree nodes
 def may_pass_blocks(grid: Grid, start: int, goal: int, blocked: tuple[tuple[int, int], ...]) -> bool:
     """False when no path from ``start`` to ``goal`` can obey the ``blocked`` constraints (each cell forbidden from
     its time on), whatever the other constraints: a quick proof that :func:`find_path` would return None, which it

@@ -145,7 +145,7 @@ class CBS:
         self.deadline = deadline
         self.goal_owner = {g: a for a, g in enumerate(goals)}
         self.cat = ConflictAvoidanceTable(self.ncell, self.n)
-        self.ds = [grid.distances_from(s) for s in starts]
+        self.ds: list[list[int] | None] = [None] * self.n  # distances from each start, found when first needed
         # MDDs, WDG weights and their witnesses are memoised on the part of an agent's constraints that can matter at
         # the costs they look at (:meth:`_relevant`): a settle branch blocks a cell for every other agent, and most
         # of them can never be there.
@@ -354,30 +354,35 @@ class CBS:
         blocked = cons.blocked
         if blocked:
             h, d, goal = self.hs[a], self.ds[a], self.goals[a]
+            if d is None:
+                d = self.ds[a] = self.grid.distances_from(self.starts[a])
             blocked = tuple(e for e in blocked if e[0] == goal or (
                 d[e[0]] >= 0 and max(e[1], d[e[0]]) + h[e[0]] <= cost))
         return cons.vertex, cons.edge, cons.min_cost, cons.max_cost, cons.goal_block, blocked
 
-    def _pair_keys(self, node: Node, a: int, b: int) -> tuple[tuple, tuple]:
-        """The memo keys of pair ``(a, b)``'s WDG weight in ``node``: on the agents' whole constraints (a weight from
-        a two-agent search), and on their costs and the constraints relevant within ``pair_cost`` more (a weight
-        from MDD merges alone, which never look at a longer path)."""
+    def _merged_key(self, node: Node, a: int, b: int) -> tuple:
+        """The memo key of a WDG weight found by MDD merges alone (which never look at a path longer than
+        ``pair_cost`` more): the agents' costs and their constraints relevant within that. A weight that needed a
+        two-agent search is kept on the agents' whole constraints instead."""
         ca, cb = len(node.paths[a]) - 1, len(node.paths[b]) - 1
         extra = self.options.pair_cost
-        cons_a, cons_b = node.cons[a], node.cons[b]
-        return ((a, b, cons_a, cons_b),
-                (a, b, ca, cb, self._relevant(a, cons_a, ca + extra), self._relevant(b, cons_b, cb + extra)))
+        return (a, b, ca, cb, self._relevant(a, node.cons[a], ca + extra), self._relevant(b, node.cons[b], cb + extra))
 
     def _mdd(self, a: int, node: Node, extra: int = 0) -> MDD | None:
         """Agent ``a``'s MDD in ``node`` at its cost plus ``extra`` (None when no path has that cost)."""
         cons = node.cons[a]
         cost = len(node.paths[a]) - 1 + extra
+        whole = (a, cons, cost)  # looked up first: cheaper to hash than the relevant part is to find
+        mdds = self.mdds
+        if whole in mdds:
+            return mdds[whole]
         key = (a, cost, self._relevant(a, cons, cost))
-        if key in self.mdds:
-            return self.mdds[key]
-        if len(self.mdds) > 50_000:
-            self.mdds.clear()
-        mdd = self.mdds[key] = build_mdd(self.grid, self.hs[a], self.starts[a], self.goals[a], cost, cons)
+        if key in mdds:
+            mdd = mdds[whole] = mdds[key]
+            return mdd
+        if len(mdds) > 100_000:
+            mdds.clear()
+        mdd = mdds[key] = mdds[whole] = build_mdd(self.grid, self.hs[a], self.starts[a], self.goals[a], cost, cons)
         if mdd is None and not extra:
             raise RuntimeError(f"agent {a}: no MDD at its own path's cost {cost}; the path breaks its constraints")
         return mdd
@@ -441,18 +446,22 @@ class CBS:
         """
         a, b = key
         cons_a, cons_b = node.cons[a], node.cons[b]
-        whole, merged = self._pair_keys(node, a, b)
+        whole = (a, b, cons_a, cons_b)
         bound = node.bounds.get(key)
         at_least = 0 if bound is None else max(0, bound - _pair_cost(node, a, b))
         w = self.weights.get(whole)
-        if w is None:
-            w = self.weights.get(merged)
         if w is not None:
             return max(w, at_least)
         if at_least > self.options.pair_cost:
             self.weights[whole] = at_least
             return at_least
-        memo = merged
+        memo = self._merged_key(node, a, b)
+        w = self.weights.get(memo)
+        if w is not None:
+            self.weights[whole] = w
+            if memo in self.witnesses:
+                self.witnesses[whole] = self.witnesses[memo]
+            return max(w, at_least)
         w = -1
         for k in range(max(int(cardinal), at_least), self.options.pair_cost + 1):
             undecided = False
@@ -474,7 +483,9 @@ class CBS:
                 break
         if w < 0:  # every split of up to pair_cost extra steps refuted: that bound, without a search
             w = self.options.pair_cost + 1
-        self.weights[memo] = w
+        self.weights[memo] = self.weights[whole] = w
+        if memo is not whole and memo in self.witnesses:
+            self.witnesses[whole] = self.witnesses[memo]
         return w
 
     def _witness_plan(self, node: Node, bound: int) -> list[list[int]] | None:
@@ -486,8 +497,7 @@ class CBS:
         paths = list(node.paths)
         changed: list[int] = []
         for a, b in node.conflicts:
-            whole, merged = self._pair_keys(node, a, b)
-            found = self.witnesses.get(whole) or self.witnesses.get(merged)
+            found = self.witnesses.get((a, b, node.cons[a], node.cons[b]))
             if found is None or a in changed or b in changed:
                 return None
             paths[a], paths[b] = found
