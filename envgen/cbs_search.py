@@ -287,11 +287,18 @@ class CBS:
             t, cell = branch[2], branch[3]
             cons[agent] = cons[agent].with_max_cost(t)
             replan = []
+            grown: dict[tuple, AgentConstraints] = {}  # most agents share one set of blocks: grow each set once
             for x in range(self.n):
                 if x != agent:
-                    cons[x] = cons[x].with_blocked(cell, t)
-                    p = paths[x]
-                    if cell in p[t:]:
+                    old = cons[x]
+                    key = (old.blocked, old.last)
+                    new = grown.get(key)
+                    if new is None:
+                        new = grown[key] = old._replace(vertex=frozenset(), edge=frozenset()).with_blocked(cell, t)
+                    if new.blocked is not old.blocked:
+                        cons[x] = AgentConstraints(old.vertex, old.edge, old.min_cost, old.max_cost, new.blocked,
+                                                   new.last, old.goal_block)
+                    if cell in paths[x][t:]:
                         replan.append(x)
         paths = list(paths)
         g = node.g
