@@ -62,17 +62,14 @@ class AgentConstraints(NamedTuple):
         return self._replace(max_cost=min(self.max_cost, cost))
 
     def with_blocked(self, cell: int, t: int) -> AgentConstraints:
-        blocked = self.blocked
-        for i, (c, since) in enumerate(blocked):
-            if c == cell:
-                if since <= t:
-                    return self
-                blocked = blocked[:i] + blocked[i + 1:]
-                break
-        i = bisect.bisect(blocked, (cell, t))
+        blocked = add_block(self.blocked, cell, t)
+        return self if blocked is self.blocked else self.with_blocks(blocked, t)
+
+    def with_blocks(self, blocked: tuple[tuple[int, int], ...], t: int) -> AgentConstraints:
+        """These constraints with ``blocked`` (from :func:`add_block`, its latest addition at ``t``) as the blocks."""
         # positional, as _replace would be, without its keyword handling (a settle branch calls this for every agent)
-        return AgentConstraints(self.vertex, self.edge, self.min_cost, self.max_cost,
-                                blocked[:i] + ((cell, t),) + blocked[i:], max(self.last, t), self.goal_block)
+        return AgentConstraints(self.vertex, self.edge, self.min_cost, self.max_cost, blocked, max(self.last, t),
+                                self.goal_block)
 
     def allows(self, path: list[int], ncell: int) -> bool:
         """Whether ``path`` (cells from time 0 to the arrival) obeys every constraint."""
@@ -94,6 +91,19 @@ class AgentConstraints(NamedTuple):
 
 
 NO_CONSTRAINTS = AgentConstraints()
+
+
+def add_block(blocked: tuple[tuple[int, int], ...], cell: int, t: int) -> tuple[tuple[int, int], ...]:
+    """``blocked`` (``(cell, since)`` pairs sorted by cell) with ``cell`` forbidden from ``t`` on; the same tuple when
+    the cell already is from ``t`` or earlier."""
+    for i, (c, since) in enumerate(blocked):
+        if c == cell:
+            if since <= t:
+                return blocked
+            blocked = blocked[:i] + blocked[i + 1:]
+            break
+    i = bisect.bisect(blocked, (cell, t))
+    return blocked[:i] + ((cell, t),) + blocked[i:]
 
 
 class ConflictAvoidanceTable:

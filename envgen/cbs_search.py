@@ -19,8 +19,8 @@ from typing import Literal, NamedTuple
 from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_collides, pair_conflicts,
                                   pair_key, priority_key)
 from envgen.cbs_heuristics import merge_mdds, vertex_cover
-from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, build_mdd,
-                                 find_path, shortest_path)
+from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, add_block,
+                                 build_mdd, find_path, shortest_path)
 from envgen.cbs_rectangle import rectangle_conflict
 from envgen.grid import Grid
 
@@ -287,17 +287,15 @@ class CBS:
             t, cell = branch[2], branch[3]
             cons[agent] = cons[agent].with_max_cost(t)
             replan = []
-            grown: dict[tuple, AgentConstraints] = {}  # most agents share one set of blocks: grow each set once
+            grown: dict[tuple, tuple] = {}  # most agents share one set of blocks: grow each set once
             for x in range(self.n):
                 if x != agent:
                     old = cons[x]
-                    key = (old.blocked, old.last)
-                    new = grown.get(key)
-                    if new is None:
-                        new = grown[key] = old._replace(vertex=frozenset(), edge=frozenset()).with_blocked(cell, t)
-                    if new.blocked is not old.blocked:
-                        cons[x] = AgentConstraints(old.vertex, old.edge, old.min_cost, old.max_cost, new.blocked,
-                                                   new.last, old.goal_block)
+                    blocked = grown.get(old.blocked)
+                    if blocked is None:
+                        blocked = grown[old.blocked] = add_block(old.blocked, cell, t)
+                    if blocked is not old.blocked:
+                        cons[x] = old.with_blocks(blocked, t)
                     if cell in paths[x][t:]:
                         replan.append(x)
         paths = list(paths)

@@ -111,19 +111,25 @@ def test_the_improvements_cut_the_constraint_tree():
     assert isinstance(plain, Unsolved) and plain.reason is UnsolvedReason.NODE_BUDGET
 
 
+def _count_calls(monkeypatch, module, name: str) -> dict[str, int]:
+    """Count the calls of ``module.name`` in the returned ``{"n": ...}`` (reset it by hand between runs)."""
+    calls = {"n": 0}
+    real = getattr(module, name)
+
+    def counted(*args):
+        calls["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls
+
+
 def test_inherited_pair_bounds_spare_merges_and_keep_the_optimum(monkeypatch):
     """A child's WDG weights start from the bounds its ancestors found: on crowded 10x10 boards the same optimum with
     fewer MDD merges."""
     import envgen.cbs_search as search
 
-    merges = {"n": 0}
-    merge = search.merge_mdds
-
-    def counted(*args):
-        merges["n"] += 1
-        return merge(*args)
-
-    monkeypatch.setattr(search, "merge_mdds", counted)
+    merges = _count_calls(monkeypatch, search, "merge_mdds")
     spent = {}
     for name, options in (("inherit", FULL), ("fresh", replace(FULL, inherit_weights=False))):
         merges["n"] = 0
@@ -474,14 +480,7 @@ def test_a_settle_branch_reuses_the_mdds_of_agents_it_cannot_touch(monkeypatch):
     import envgen.cbs_search as search_module
 
     inst = load_instance(bench_path("empty-8-8", "empty-8-8.map"), bench_path("empty-8-8", "empty-8-8-random-1.scen"), 20)
-    builds = {"n": 0}
-    real = search_module.build_mdd
-
-    def counted(*args):
-        builds["n"] += 1
-        return real(*args)
-
-    monkeypatch.setattr(search_module, "build_mdd", counted)
+    builds = _count_calls(monkeypatch, search_module, "build_mdd")
     fast = solve(inst, BUDGET)
     with_relevance = builds["n"]
     builds["n"] = 0
