@@ -12,7 +12,8 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
 - ``static``: the project's path as it runs on CUDA by default: preallocated KV cache, grouped-query decode attention
   without key/value copies (``policy/attention.py``), decode step compiled by ``torch.compile`` into CUDA graphs
   (``inductor``, or ``cudagraphs`` when Triton cannot build); ``static+KERNEL`` pins that decode attention's SDPA
-  kernel (``cudnn``, ``efficient``, ``flash``, ``math``; ``policy.attention.set_decode_kernel``).
+  kernel (``cudnn``, ``efficient``, ``flash``, ``math``, or ``sdpa`` for PyTorch's own choice; ``static`` alone runs
+  the default, ``auto``: the memory-efficient kernel on CUDA; ``policy.attention.set_decode_kernel``).
 
 - ``vllm``: vLLM's offline engine (``LLM.generate`` on token ids, dummy weights of the same shape, CUDA graphs), one
   engine per architecture built before its first row (``warmup_s`` of the first row holds the engine's start);
@@ -401,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rollout", default="plain:1,plain:64,plain:256,dynamic:256,dynamic:512,static:256,static:512",
-                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash or math)")
+                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash, math or sdpa, PyTorch's choice)")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],

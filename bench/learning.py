@@ -25,6 +25,7 @@ from envgen.instance import Instance  # noqa: E402
 from envgen.planners import independent_plan  # noqa: E402
 from envgen.simulate import Valid, check_plan  # noqa: E402
 from envgen.planners import Planned  # noqa: E402
+from policy.attention import DECODE_KERNELS, set_decode_kernel  # noqa: E402
 from pipeline.params import PolicySettings, RolloutSettings, load_params  # noqa: E402
 from steps.rollout import rollout  # noqa: E402
 from steps.train import train  # noqa: E402
@@ -85,7 +86,11 @@ def main() -> int:
     parser.add_argument("--eval-cache", default="dynamic", choices=["auto", "static", "dynamic"],
                         help="KV cache of the evaluation rollouts (default dynamic, as in the recorded runs)")
     parser.add_argument("--eval-base", action="store_true", help="also evaluate the model without adapter")
+    parser.add_argument("--decode-kernel", default="auto", choices=DECODE_KERNELS,
+                        help="attention kernel of the static cache's grouped decode step (GRPO's sampling and the "
+                        "evaluations): policy.attention.set_decode_kernel")
     args = parser.parse_args()
+    set_decode_kernel(args.decode_kernel)
     out = args.out_dir
     out.mkdir(parents=True, exist_ok=True)
     evals = dict(item.split("=", 1) for item in args.eval)

@@ -24,10 +24,12 @@ NAME = "sdpa_grouped_decode"
 _SDPA_BACKENDS = {"cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "flash": "FLASH_ATTENTION", "math": "MATH"}
 """Decode kernel name -> ``torch.nn.attention.SDPBackend`` member."""
 
-DECODE_KERNELS = ("auto", *_SDPA_BACKENDS)
-"""SDPA kernels the grouped decode step may be pinned to (:func:`set_decode_kernel`); ``auto`` lets PyTorch choose
-(on an H100 it chose cuDNN's flash attention, about half the decode time of Qwen3-4B at batch 256: docs/benchmarks.md).
-A kernel that cannot take the call (its mask, dtype or device) makes PyTorch raise rather than fall back."""
+DECODE_KERNELS = ("auto", "sdpa", *_SDPA_BACKENDS)
+"""Kernels the grouped decode step may be pinned to (:func:`set_decode_kernel`): an SDPA kernel by name, ``sdpa`` for
+PyTorch's own choice (cuDNN's flash attention on H100/H200 cards), or ``auto``: the memory-efficient kernel on CUDA
+(1.20x and 1.31x cuDNN's tokens/s for the embedded model's shape at batch 512 on an H200, 1.04x for Qwen3-4B's at 256 on
+an H100: docs/benchmarks.md), PyTorch's choice elsewhere. A kernel that cannot take the call (its mask, dtype or
+device) makes PyTorch raise rather than fall back."""
 
 _decode_kernel = "auto"
 
@@ -57,13 +59,14 @@ def grouped_decode_sdpa(module: Any, query: Any, key: Any, value: Any, attention
     packed = query.reshape(batch, heads // groups, groups, dim)  # head kv * groups + r -> position r of head kv
     if attention_mask is not None:
         attention_mask = attention_mask[:, :, :, : key.shape[2]]
-    if _decode_kernel == "auto":
+    kernel = ("efficient" if query.is_cuda else "sdpa") if _decode_kernel == "auto" else _decode_kernel
+    if kernel == "sdpa":
         out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
                                                                dropout_p=dropout, scale=scaling)
     else:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
-        with sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[_decode_kernel])):
+        with sdpa_kernel(getattr(SDPBackend, _SDPA_BACKENDS[kernel])):
             out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=attention_mask,
                                                                    dropout_p=dropout, scale=scaling)
     return out.reshape(batch, heads, 1, value.shape[-1]).transpose(1, 2).contiguous(), None

@@ -39,16 +39,22 @@ def longest_prompt(tokenizer: Any, prompts: list, multiple: int = 64) -> int:
 
 
 def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperature: float, top_p: float, seed: int,
-                    cache: str = "auto", prompt_len: int | None = None) -> Callable[[list, Any], dict[str, Any]]:
+                    cache: str = "auto", prompt_len: int | None = None,
+                    autocast: bool = False) -> Callable[[list, Any], dict[str, Any]]:
     """A TRL ``rollout_func``: one completion per prompt it is given (TRL's sampler already repeats each prompt
     ``num_generations`` times), sampled by the project's backend from ``model`` as it is at call time.
 
     ``prompt_len``: left-pad every batch to this many tokens (:func:`longest_prompt`) where the static cache is used, so
     every call has the same shape; longer prompts raise. None: pad to the batch's longest, rounded up to 64
     (``TransformersBackend.encode``).
+    ``autocast``: sample under bfloat16 autocast (on the model's device), as the trainer's passes run, for LoRA layers
+    that take their inputs uncast (``train.lora_autocast``); entered per call, so the adapter's float32 weights are cast
+    afresh after each optimizer step.
     Each call uses the next seed of ``seed * 1_000_003 + k`` (k = 0, 1, ...), so a run is reproducible and no two
     steps share a sampling seed.
     """
+    import torch
+
     from policy.backends import SamplingParams, TransformersBackend
     from policy.models import LoadedModel
 
@@ -82,8 +88,9 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
         was_training = model.training
         model.eval()
         try:
-            new, _ = backend.generate_ids(enc["input_ids"], enc["attention_mask"], 1, params,
-                                          seed=seed * 1_000_003 + next(calls))
+            with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=autocast):
+                new, _ = backend.generate_ids(enc["input_ids"], enc["attention_mask"], 1, params,
+                                              seed=seed * 1_000_003 + next(calls))
         finally:
             model.train(was_training)
         prompt_ids = [row[mask.bool()].tolist() for row, mask in zip(enc["input_ids"].cpu(), enc["attention_mask"].cpu())]

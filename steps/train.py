@@ -176,12 +176,36 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
             layer._compiled_call_impl = None
 
 
+def uses_lora_autocast(setting: bool | str, device: str) -> bool:
+    """Whether LoRA layers take the half-precision activations as they are (``train.lora_autocast``): on CUDA only,
+    where the trainer runs in bfloat16."""
+    return device == "cuda" and setting in ("auto", True)
+
+
 @contextlib.contextmanager
-def training_kernels(model: Any, config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> Iterator[None]:
+def lora_uncast(model: Any, enabled: bool) -> Iterator[None]:
+    """While inside, PEFT's LoRA layers no longer cast their inputs to the adapter's float32: under the trainer's
+    bfloat16 autocast (entered around each pass, so the float32 weights it casts are cast afresh after every optimizer
+    step) their products run in bfloat16 on the activations as they are. Every pass inside must run under autocast:
+    GRPO's backend sampling enters its own (:func:`policy.grpo_rollout.backend_rollout`)."""
+    if not enabled:
+        yield
+        return
+    from peft.helpers import disable_input_dtype_casting
+
+    with disable_input_dtype_casting(model):
+        yield
+
+
+@contextlib.contextmanager
+def training_kernels(model: Any, config: TrainSettings, device: str, phase: Literal["sft", "grpo"],
+                     lora: bool = False) -> Iterator[None]:
     """What a phase's training passes run with while inside: the warm start's padding-free attention
-    (:func:`packed_attention`), the SDPA kernels of ``attention_kernel`` (:func:`attention_kernels`) and, with
-    ``compile_scope: layers``, decoder layers compiled one by one (:func:`compiled_layers`)."""
+    (:func:`packed_attention`), the SDPA kernels of ``attention_kernel`` (:func:`attention_kernels`), LoRA in half
+    precision with ``lora`` (:func:`lora_uncast`) and, with ``compile_scope: layers``, decoder layers compiled one by one
+    (:func:`compiled_layers`)."""
     with contextlib.ExitStack() as stack:
+        stack.enter_context(lora_uncast(model, lora))
         stack.enter_context(packed_attention(model, device, phase == "sft" and config.sft_padding_free))
         stack.enter_context(attention_kernels(config.attention_kernel, device))
         stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers"))
@@ -389,7 +413,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
                                                 profile_callback("sft")) if c is not None])
     start = time.perf_counter()
-    with training_kernels(model, config, device, "sft"):
+    with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
         trainer.train()
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -419,12 +443,15 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     if config.continuous_batching and not use_vllm:
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
+    # TRL's own transformers sampling runs outside autocast: LoRA layers must cast their inputs there
+    lora = uses_lora_autocast(config.lora_autocast, device) and (use_vllm or use_backend_generation(
+        config.grpo_generation, device, use_vllm))
     if use_backend_generation(config.grpo_generation, device, use_vllm):
         from policy.grpo_rollout import backend_rollout, longest_prompt
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
         rollout_func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length,
-                                       temperature=config.temperature, top_p=1.0, seed=config.seed,
+                                       temperature=config.temperature, top_p=1.0, seed=config.seed, autocast=lora,
                                        prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
     world = world_size()
     micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
@@ -442,7 +469,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                           callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
                                                  profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
-    with phase_clock(phases), training_kernels(model, config, device, "grpo"):
+    with phase_clock(phases), training_kernels(model, config, device, "grpo", lora):
         trainer.train()
     seconds = time.perf_counter() - start
     rows = reward.rows

@@ -114,10 +114,12 @@ def test_grouped_decode_attention_equals_transformers_sdpa():
     assert torch.allclose(got, want, atol=1e-5)
     from policy.attention import set_decode_kernel
 
-    set_decode_kernel("math")  # a pinned kernel computes the same
     try:
-        got, _ = grouped_decode_sdpa(module, query, key, value, mask, scaling=dim**-0.5)
-        assert torch.allclose(got, want, atol=1e-5)
+        for kernel in ("math", "sdpa"):  # a pinned kernel computes the same
+            set_decode_kernel(kernel)
+            for given in (mask, additive):
+                got, _ = grouped_decode_sdpa(module, query, key, value, given, scaling=dim**-0.5)
+                assert torch.allclose(got, want, atol=1e-5), kernel
     finally:
         set_decode_kernel("auto")
     with pytest.raises(ValueError, match="choose one of auto"):

@@ -51,3 +51,23 @@ def test_backend_rollout_samples_on_the_device_the_model_has_when_called(tiny_mo
     rollout(prompts, None)
     rollout(prompts, None)
     assert built == ["cpu"]  # one backend per device, reused across steps
+
+
+def test_backend_rollout_under_autocast_takes_uncast_lora_inputs(tiny_model_dir):
+    """train.lora_autocast: LoRA layers of a bfloat16 model with a float32 adapter no longer cast their inputs, so
+    sampling must run under autocast (``autocast=True``, entered per call); without it the layers' products fail on
+    mixed dtypes."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from peft.helpers import disable_input_dtype_casting
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16),
+                           LoraConfig(r=4, target_modules="all-linear"))
+    prompts = [[{"role": "user", "content": "go"}]] * 2
+    with disable_input_dtype_casting(model):
+        out = backend_rollout(model, tok, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0, autocast=True)(prompts, None)
+        assert len(out["completion_ids"]) == 2 and all(1 <= len(c) <= 3 for c in out["completion_ids"])
+        with pytest.raises(RuntimeError, match="dtype"):
+            backend_rollout(model, tok, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0)(prompts, None)

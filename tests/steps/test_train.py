@@ -319,6 +319,49 @@ def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
             assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
+def test_lora_uncast_keeps_activations_as_they_are_and_the_outputs_and_still_learns(tiny_model_dir):
+    """train.lora_autocast: LoRA layers stop casting their inputs to the adapter's float32 while inside (restored
+    after); under bfloat16 autocast a bfloat16 model with a float32 adapter then computes what it computes with PEFT's
+    casts, within bfloat16's precision; and with autocast entered per pass, as the trainer does, an optimizer step
+    reaches the next pass (one autocast region around all passes would reuse its first copies of the weights)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from transformers import AutoModelForCausalLM
+
+    from steps.train import lora_uncast, uses_lora_autocast
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False))
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    assert layers and all(m.lora_A["default"].weight.dtype == torch.float32 for m in layers)  # PEFT's default
+    ids = torch.randint(0, base.config.vocab_size, (2, 12))
+
+    def forward() -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(input_ids=ids).logits.float()
+
+    with torch.no_grad():
+        cast = model(input_ids=ids).logits.float()
+    with lora_uncast(model, True):
+        assert not any(m.cast_input_dtype_enabled for m in layers)
+        with torch.no_grad():
+            uncast = forward()
+        optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1.0)
+        (-forward()[..., 0].sum()).backward()
+        optimizer.step()
+        with torch.no_grad():
+            after = forward()
+    assert all(m.cast_input_dtype_enabled for m in layers)
+    assert torch.allclose(uncast, cast, atol=0.1, rtol=0.05) and (uncast - cast).abs().mean() < 0.02
+    assert (after - uncast).abs().mean() > 0.05  # the step changed what the next pass computes
+    with lora_uncast(model, False):
+        assert all(m.cast_input_dtype_enabled for m in layers)
+    assert uses_lora_autocast("auto", "cuda") and uses_lora_autocast(True, "cuda")
+    assert not uses_lora_autocast(False, "cuda") and not uses_lora_autocast("auto", "cpu") and not uses_lora_autocast(True, "cpu")
+
+
 @pytest.mark.parametrize(("cores", "processes", "examples", "expected"), [
     (16, 1, 50_000, 8),  # the starting policy's warm start on a GPU machine: 8 tokenizer processes
     (16, 1, 8_192, 2),
