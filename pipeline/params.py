@@ -156,9 +156,9 @@ class TrainSettings(_Section):
         "autocast, so their products run in bfloat16 on tensor cores; the adapter's weights stay float32 for the "
         "optimizer. Off, PEFT casts every LoRA layer's input to float32 and autocast casts it back (two copies of the "
         "activations per layer and pass), and GRPO's backend sampling, outside autocast, multiplies in float32. GRPO "
-        "with TRL's own transformers sampling keeps it off. 'auto' or true: on CUDA; ignored on the CPU. Measured on an "
-        "H200 for the embedded model: GRPO training passes 1.2x faster, warm start 1.12x, the same losses "
-        "(docs/benchmarks.md).")
+        "uses it only when it samples through the project's backend (grpo_generation), which enters autocast itself. "
+        "'auto' or true: on CUDA; ignored on the CPU. Measured on an H200 for the embedded model: GRPO training passes "
+        "1.2x faster, warm start 1.12x, the same losses (docs/benchmarks.md).")
     grpo_generation: Literal["auto", "trl", "backend"] = Field(
         "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
         "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "

@@ -443,9 +443,10 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     if config.continuous_batching and not use_vllm:
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
-    # TRL's own transformers sampling runs outside autocast: LoRA layers must cast their inputs there
-    lora = uses_lora_autocast(config.lora_autocast, device) and (use_vllm or use_backend_generation(
-        config.grpo_generation, device, use_vllm))
+    # only with the project's backend sampling, which enters autocast itself (TRL's own transformers sampling runs
+    # outside autocast, where LoRA layers must cast their inputs; TRL's vLLM path was not measured with it)
+    lora = uses_lora_autocast(config.lora_autocast, device) and use_backend_generation(config.grpo_generation, device,
+                                                                                      use_vllm)
     if use_backend_generation(config.grpo_generation, device, use_vllm):
         from policy.grpo_rollout import backend_rollout, longest_prompt
 
