@@ -463,9 +463,7 @@ class CBS:
         memo = self._merged_key(node, a, b)
         w = self.weights.get(memo)
         if w is not None:
-            self.weights[whole] = w
-            if memo in self.witnesses:
-                self.witnesses[whole] = self.witnesses[memo]
+            self._keep_weight(whole, memo, w)
             return max(w, at_least)
         w = -1
         for k in range(max(int(cardinal), at_least), self.options.pair_cost + 1):
@@ -488,10 +486,15 @@ class CBS:
                 break
         if w < 0:  # every split of up to pair_cost extra steps refuted: that bound, without a search
             w = self.options.pair_cost + 1
+        self._keep_weight(whole, memo, w)
+        return w
+
+    def _keep_weight(self, whole: tuple, memo: tuple, w: int) -> None:
+        """Memoise a pair's weight ``w`` under its whole constraints and under ``memo`` (its merged key, or the whole
+        again), with the witness found under ``memo`` where there is one."""
         self.weights[memo] = self.weights[whole] = w
         if memo is not whole and memo in self.witnesses:
             self.witnesses[whole] = self.witnesses[memo]
-        return w
 
     def _witness_plan(self, node: Node, bound: int) -> list[list[int]] | None:
         """A conflict-free plan of cost at most ``bound`` (the least ``g + h`` of the open list, so a lower bound on

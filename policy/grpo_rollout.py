@@ -88,7 +88,7 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
         was_training = model.training
         model.eval()
         try:
-            with torch.autocast(next(model.parameters()).device.type, dtype=torch.bfloat16, enabled=autocast):
+            with torch.autocast(torch.device(backend.loaded.device).type, dtype=torch.bfloat16, enabled=autocast):
                 new, _ = backend.generate_ids(enc["input_ids"], enc["attention_mask"], 1, params,
                                               seed=seed * 1_000_003 + next(calls))
         finally:
