@@ -48,6 +48,9 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                     compare, *step),
         "sensitivity": ("How much one stage's environment can matter: one stage per hand-set configuration and seed from "
                         "one starting adapter, scored on the same held-out instances.", sensitivity, *step),
+        "sensitivity-merge": ("One summary of several sensitivity summaries of the same start and held-out files (a "
+                              "study run in parts): runs side by side, spread and configuration effect over all.",
+                              sensitivity, "add_merge_arguments", "run_merge"),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
         "prefect-ready": ("Wait until a Prefect server answers (for scripts that start one in the background).", ready, *step),
         "workers": ("Start one Prefect worker per GPU (each pinned to its GPU) for a process work pool.", workers, *step),

@@ -383,7 +383,7 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
         parts.append("<h2>Engineer comparison</h2>" + (_img(curves, "engineers across stages") if curves else "")
                      + _md_table(render(compared)))
     if sens is not None:
-        from experiments.sensitivity import markdown
+        from experiments.sensitivity import config_effect_lines, markdown
 
         lines = [line for line in markdown(sens).splitlines() if line.startswith("|")]
         spread = sens.get("spread") or {}
@@ -394,6 +394,8 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
             said += f"; two seeds of one configuration differ by {100 * noise:.1f} points on average"
         parts.append("<h2>How much one stage's environment can matter (sensitivity)</h2>"
                      + _img(figs["sensitivity"], "sensitivity") + f"<p>{said}.</p>" + _md_table("\n".join(lines)))
+        if "config_effect" in sens:  # configurations against seed noise (several seeds per configuration)
+            parts.append(_md_table("\n".join(config_effect_lines(sens["config_effect"]))))
     style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}img{max-width:100%}"
              "table{border-collapse:collapse;margin:1em 0;font-size:13px}td,th{border:1px solid #ccc;padding:3px 7px}"
              "pre{background:#f4f4f4;padding:4px;display:inline-block}figure{display:inline-block;margin:8px}")

@@ -14,7 +14,13 @@ failed run is reported, the others go on, and it is tried again at the end, alon
 The summary gives, per run, the valid and optimal rates (95% Wilson intervals) overall, per held-out file and per map
 size; paired differences (same instances) against the starting adapter and against the first configuration with 95%
 intervals; the *spread*, the best minus the worst configuration (seed means); and the *noise*, the difference between
-two seeds of one configuration, i.e. what an engineer could gain per stage against what chance moves.
+two seeds of one configuration, i.e. what an engineer could gain per stage against what chance moves. With two or more
+configurations of two or more seeds, *config_effect* weighs the configurations against the seed-to-seed variation of
+the runs' valid rates: a one-way ANOVA (F test and permutation test), the seed and between-configuration standard
+deviations, and seed-mean differences (against the reference, best minus worst) with 95% t intervals.
+
+``env-engineer sensitivity-merge A.json B.json --out all.json`` joins the summaries of one study run in parts (work
+folders of their own, e.g. seeds added later) into one (:func:`merge`).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ from __future__ import annotations
 import argparse
 import functools
 import glob
+import itertools
 import json
 import math
+import random
 import subprocess
 import sys
 import threading
@@ -135,10 +143,6 @@ def summarise(runs: dict[str, Path], origin: dict[str, str], reference: str, sta
         if partner:
             out["vs_reference"][name] = {k: paired_difference(column(name, k), column(partner, k))
                                          for k in ("valid", "optimal")}
-    means = {c: sum(out["runs"][r]["all"]["valid"] for r in rs) / len(rs) for c, rs in configs.items()}
-    if len(means) >= 2:
-        best, worst = max(means, key=means.get), min(means, key=means.get)
-        out["spread"] = {"best": best, "worst": worst, "valid": means[best] - means[worst], "config_means": means}
     noise = []
     for c, rs in configs.items():
         for i in range(len(rs)):
@@ -148,7 +152,169 @@ def summarise(runs: dict[str, Path], origin: dict[str, str], reference: str, sta
     out["noise"] = noise
     if noise:
         out["noise_mean_abs_valid"] = sum(abs(x["valid"]["diff"]) for x in noise) / len(noise)
+    out.update(across_configurations(out["runs"], reference, start))
     return out
+
+
+def across_configurations(runs: dict[str, Any], reference: str, start: str | None) -> dict[str, Any]:
+    """What needs only each run's overall valid rate (``runs``: run name -> its rates): the ``spread`` (best minus
+    worst configuration, seed means; with two or more configurations) and the ``config_effect`` (:func:`config_effect`;
+    with two or more configurations of two or more seeds)."""
+    valid: dict[str, list[float]] = defaultdict(list)
+    for name, r in runs.items():
+        if name != start:
+            valid[name.split("/")[0]].append(r["all"]["valid"])
+    out: dict[str, Any] = {}
+    means = {c: sum(v) / len(v) for c, v in valid.items()}
+    if len(means) >= 2:
+        best, worst = max(means, key=means.get), min(means, key=means.get)
+        out["spread"] = {"best": best, "worst": worst, "valid": means[best] - means[worst], "config_means": means}
+    effect = config_effect(dict(valid), reference)
+    if effect is not None:
+        out["config_effect"] = effect
+    return out
+
+
+def merge(summaries: list[dict[str, Any]], reference: str | None = None) -> dict[str, Any]:
+    """One summary of several summaries of the same study run in parts (work folders of their own, e.g. more seeds
+    added later): the same starting adapter on the same held-out instances, so every part's ``start`` run must have
+    the same rates, and a run that appears in two parts must have the same rates in both (else ValueError, naming the
+    part). Runs, their paired differences against the start, the against-the-reference differences and the seed-noise
+    pairs are taken from the parts (they need two runs' outcomes side by side, which only a part has); the spread and
+    the configuration effect are computed again over all runs. ``reference`` defaults to the first part's."""
+    if not summaries:
+        raise ValueError("merge needs at least one summary")
+    summaries = [json.loads(json.dumps(s)) for s in summaries]  # as read from JSON: intervals are lists, not tuples
+    first = summaries[0]
+    out: dict[str, Any] = {"instances": first["instances"], "runs": {}, "vs_start": {}, "vs_reference": {},
+                           "noise": [], "not_run": [], "failed": [], "parts": []}
+    for i, part in enumerate(summaries):
+        if part["instances"] != first["instances"]:
+            raise ValueError(f"part {i + 1} has {part['instances']} held-out instances, part 1 {first['instances']}: "
+                             "merge only summaries of the same held-out files")
+        for name, rates_ in part["runs"].items():
+            if name in out["runs"] and out["runs"][name] != rates_:
+                raise ValueError(f"part {i + 1}: run {name!r} differs from an earlier part's; for the start that means "
+                                 "another starting adapter or other held-out instances, for a run a rerun: keep one")
+            out["runs"][name] = rates_
+        for key in ("vs_start", "vs_reference"):
+            out[key].update(part.get(key, {}))
+        out["noise"] += part.get("noise", [])
+        out["not_run"] += [n for n in part.get("not_run", []) if n not in out["runs"]]
+        out["failed"] += part.get("failed", [])
+        out["parts"].append(part.get("settings", {}))
+    if reference is None:
+        configs = first.get("settings", {}).get("configs") or [n.split("/")[0] for n in first["runs"] if n != "start"]
+        reference = Path(configs[0]).stem
+    out["not_run"] = [n for n in dict.fromkeys(out["not_run"]) if n not in out["runs"]]
+    if out["noise"]:
+        out["noise_mean_abs_valid"] = sum(abs(x["valid"]["diff"]) for x in out["noise"]) / len(out["noise"])
+    out.update(across_configurations(out["runs"], reference, "start"))
+    return out
+
+
+PERMUTATIONS_EXACT = 200_000  # enumerate every relabeling up to this many, else sample
+PERMUTATIONS_SAMPLED = 20_000
+
+
+def anova(groups: list[list[float]]) -> tuple[float, float, float]:
+    """One-way ANOVA of the values in ``groups``: (MS_between, MS_within, F). MS_within is the pooled variance inside
+    the groups, MS_between the variance of the group means scaled by the group sizes; F is their ratio (inf when
+    MS_within is 0 and the means differ, 0 when nothing varies). Sums are exact (``math.fsum``), so relabelings
+    that give the same partition give the same F."""
+    n, k = sum(len(g) for g in groups), len(groups)
+    grand = math.fsum(x for g in groups for x in g) / n
+    means = [math.fsum(g) / len(g) for g in groups]
+    ms_between = math.fsum(len(g) * (m - grand) ** 2 for g, m in zip(groups, means)) / (k - 1)
+    ms_within = math.fsum((x - m) ** 2 for g, m in zip(groups, means) for x in g) / (n - k)
+    if ms_within > 0:
+        return ms_between, ms_within, ms_between / ms_within
+    return ms_between, ms_within, math.inf if ms_between > 0 else 0.0
+
+
+def relabelings(sizes: list[int]) -> int:
+    """How many distinct ways there are to split ``sum(sizes)`` runs into groups of these sizes (multinomial)."""
+    count, left = 1, sum(sizes)
+    for size in sizes:
+        count *= math.comb(left, size)
+        left -= size
+    return count
+
+
+def splits(items: list[int], sizes: list[int]):
+    """Every split of ``items`` into consecutive groups of ``sizes`` (each a list of lists), once each."""
+    if not sizes:
+        yield []
+        return
+    for chosen in itertools.combinations(items, sizes[0]):
+        rest = [i for i in items if i not in chosen]
+        for tail in splits(rest, sizes[1:]):
+            yield [list(chosen), *tail]
+
+
+def permutation_p(groups: list[list[float]]) -> tuple[float, int, bool]:
+    """Permutation test of the ANOVA F of ``groups``: the share of relabelings of the values (group sizes kept)
+    whose F is at least the observed one, the observed labeling included. Every distinct relabeling when there are at
+    most ``PERMUTATIONS_EXACT``, else ``PERMUTATIONS_SAMPLED`` random ones (``random.Random(0)``) plus the observed.
+    Returns (p, relabelings counted, exact)."""
+    values = [x for g in groups for x in g]
+    sizes = [len(g) for g in groups]
+    observed = anova(groups)[2] - 1e-12
+    if relabelings(sizes) <= PERMUTATIONS_EXACT:
+        fs = [anova([[values[i] for i in part] for part in split])[2] for split in splits(list(range(len(values))), sizes)]
+        return sum(f >= observed for f in fs) / len(fs), len(fs), True
+    rng = random.Random(0)
+    hits, shuffled = 1, list(values)
+    cut = list(itertools.accumulate(sizes, initial=0))
+    for _ in range(PERMUTATIONS_SAMPLED):
+        rng.shuffle(shuffled)
+        hits += anova([shuffled[a:b] for a, b in zip(cut, cut[1:])])[2] >= observed
+    return hits / (PERMUTATIONS_SAMPLED + 1), PERMUTATIONS_SAMPLED + 1, False
+
+
+def seed_mean_difference(a: list[float], b: list[float], ms_within: float, df: int) -> dict[str, float]:
+    """Mean of ``a`` minus mean of ``b`` (seed means of two configurations) with a 95% t interval from the pooled
+    seed variance ``ms_within`` on ``df`` degrees of freedom: it covers seed-to-seed variation, not only instances."""
+    from scipy import stats
+
+    diff = sum(a) / len(a) - sum(b) / len(b)
+    half = float(stats.t.ppf(0.975, df)) * math.sqrt(ms_within * (1 / len(a) + 1 / len(b)))
+    return {"diff": diff, "low": diff - half, "high": diff + half, "df": df}
+
+
+def config_effect(valid: dict[str, list[float]], reference: str) -> dict[str, Any] | None:
+    """Whether the configurations differ beyond seed noise, from ``configuration -> its runs' valid rates`` (one per
+    seed); only configurations with at least two seeds count, and None unless at least two have them.
+
+    ``F``, ``p_f``: one-way ANOVA of run valid rate on configuration (``df`` [k-1, N-k]; F is None when the seeds of
+    every configuration agree exactly and the means differ); ``p_permutation``: the same
+    F under shuffled configuration labels (:func:`permutation_p`). ``seed_sd``: standard deviation of one run's valid
+    rate between seeds of one configuration (sqrt MS_within); ``between_sd``: estimated standard deviation of the
+    configurations' true mean valid rates, sqrt(max(0, (MS_between - MS_within) / n0)) with n0 the effective group
+    size. ``vs_reference_seed_means``: each configuration's seed mean minus the reference's, 95% t interval with the
+    pooled seed variance; ``best_vs_worst``: the same for the best minus the worst seed mean."""
+    from scipy import stats
+
+    used = {c: v for c, v in valid.items() if len(v) >= 2}
+    if len(used) < 2:
+        return None
+    groups = list(used.values())
+    k, n = len(groups), sum(len(g) for g in groups)
+    ms_between, ms_within, f = anova(groups)
+    p_perm, count, exact = permutation_p(groups)
+    n0 = (n - sum(len(g) ** 2 for g in groups) / n) / (k - 1)
+    means = {c: sum(v) / len(v) for c, v in used.items()}
+    best, worst = max(means, key=means.get), min(means, key=means.get)
+    vs_reference = {c: seed_mean_difference(v, used[reference], ms_within, n - k)
+                    for c, v in used.items() if c != reference} if reference in used else {}
+    return {"configs": list(used), "k": k, "N": n, "seeds": {c: len(v) for c, v in used.items()}, "config_means": means,
+            "ms_between": ms_between, "ms_within": ms_within, "F": f if math.isfinite(f) else None, "df": [k - 1, n - k],
+            "p_f": float(stats.f.sf(f, k - 1, n - k)), "p_permutation": p_perm, "permutations": count,
+            "permutations_exact": exact, "seed_sd": math.sqrt(ms_within), "n0": n0,
+            "between_sd": math.sqrt(max(0.0, (ms_between - ms_within) / n0)), "reference": reference,
+            "vs_reference_seed_means": vs_reference,
+            "best_vs_worst": {"best": best, "worst": worst, **seed_mean_difference(used[best], used[worst], ms_within, n - k),
+                              "note": "best and worst are picked after seeing the data, so this interval is optimistic"}}
 
 
 def markdown(summary: dict[str, Any]) -> str:
@@ -179,7 +345,30 @@ def markdown(summary: dict[str, Any]) -> str:
         v = x["valid"]
         lines.append(f"Seed noise, {x['config']} ({' - '.join(x['runs'])}): {100 * v['diff']:+.1f} points "
                      f"({100 * v['low']:+.1f} to {100 * v['high']:+.1f}).")
+    if "config_effect" in summary:
+        lines += ["", *config_effect_lines(summary["config_effect"])]
     return "\n".join(lines) + "\n"
+
+
+def config_effect_lines(e: dict[str, Any]) -> list[str]:
+    """The configuration effect (:func:`config_effect`) as Markdown lines, differences in points."""
+    def interval(d: dict[str, float]) -> str:
+        return f"{100 * d['diff']:+.1f} ({100 * d['low']:+.1f} to {100 * d['high']:+.1f})"
+
+    how = "exact over" if e["permutations_exact"] else "sampled,"
+    lines = [f"Configuration effect ({e['k']} configurations with 2+ seeds, {e['N']} runs; one-way ANOVA of run valid "
+             f"rate): F = {'infinite' if e['F'] is None else format(e['F'], '.2f')} (df {e['df'][0]}, {e['df'][1]}), p = {e['p_f']:.3g} (F test), "
+             f"p = {e['p_permutation']:.3g} (permutation, {how} {e['permutations']} relabelings).",
+             f"Seed-to-seed SD of one run's valid rate: {100 * e['seed_sd']:.1f} points; SD of the configurations' true "
+             f"means: {100 * e['between_sd']:.1f} points."]
+    if e["vs_reference_seed_means"]:
+        lines += ["", f"Seed-mean difference in valid rate against {e['reference']} (points, 95% t interval with the "
+                      f"pooled seed variance):", ""]
+        lines += [f"- {c}: {interval(d)}" for c, d in e["vs_reference_seed_means"].items()]
+    b = e["best_vs_worst"]
+    lines += ["", f"Best - worst seed mean ({b['best']} - {b['worst']}): {interval(b)} points; optimistic, as both "
+                  f"are picked after the fact."]
+    return lines
 
 
 def command(*args: str) -> list[str]:
@@ -223,6 +412,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once (default 1); with ENV_ENGINEER_GPUS (and ENV_ENGINEER_GPU_SLOTS) each step "
                         "process claims a GPU of that pool (policy/devices.py)")
+
+
+def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("parts", type=Path, nargs="+",
+                        help="summary JSONs of `env-engineer sensitivity` over the same start and held-out files")
+    parser.add_argument("--reference", default=None,
+                        help="configuration the others are compared against (default: the first part's first)")
+    parser.add_argument("--out", type=Path, required=True, help="merged summary JSON to write (and a .md beside it)")
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    missing = [str(p) for p in args.parts if not p.exists()]
+    if missing:
+        print(f"error: {', '.join(missing)} does not exist", file=sys.stderr)
+        return 2
+    try:
+        summary = merge([json.loads(p.read_text()) for p in args.parts], args.reference)
+    except (ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    atomic_write_text(args.out, json.dumps(summary, indent=2))
+    atomic_write_text(args.out.with_suffix(".md"), markdown(summary))
+    print(markdown(summary))
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:

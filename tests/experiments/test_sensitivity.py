@@ -1,4 +1,5 @@
 import json
+import math
 from pathlib import Path
 
 import pyarrow as pa
@@ -9,7 +10,8 @@ import yaml
 from envgen.config import EnvConfig
 from envgen.dataset import generate_verified, write_instances
 from env_engineer.cli import main
-from experiments.sensitivity import combine_heldout, markdown, paired_difference, summarise, wilson
+from experiments.sensitivity import (combine_heldout, markdown, merge, paired_difference, permutation_p, summarise,
+                                     wilson)
 from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
@@ -53,6 +55,126 @@ def test_summary_spread_noise_and_paired_differences(tmp_path):
     assert [x["config"] for x in s["noise"]] == ["uniform"] and s["noise_mean_abs_valid"] == pytest.approx(1 / 40)
     text = markdown(s)
     assert "| small/s0 | 75.0" in text and "Spread (best - worst configuration, seed means)" in text
+    assert "config_effect" not in s and "Configuration effect" not in text  # only one configuration has two seeds
+
+
+def seeded_runs(tmp_path: Path, counts: dict[str, list[int]], n: int) -> dict[str, Path]:
+    """``configuration -> valid count per seed`` as runs named ``<configuration>/s<seed>`` (plus ``start``), each
+    valid on its first ``count`` of ``n`` instances."""
+    runs = {"start": trajectories(tmp_path / "start.parquet", [i < n // 2 for i in range(n)])}
+    for config, per_seed in counts.items():
+        for seed, k in enumerate(per_seed):
+            runs[f"{config}/s{seed}"] = trajectories(tmp_path / f"{config}{seed}.parquet", [i < k for i in range(n)])
+    return runs
+
+
+def test_config_effect_separates_configurations_from_seed_noise(tmp_path):
+    n = 40
+    origin = {f"h{i}": "heldout" for i in range(n)}
+    # far apart, seeds one instance apart: the observed split is the most extreme of the 9!/(3!)^3 = 1680 relabelings,
+    # tied only by the 3! relabelings that swap whole configurations
+    far = summarise(seeded_runs(tmp_path, {"a": [8, 9, 10], "b": [20, 21, 22], "c": [32, 33, 34]}, n), origin, "a", "start")
+    e = far["config_effect"]
+    assert e["k"] == 3 and e["N"] == 9 and e["df"] == [2, 6] and e["permutations"] == 1680 and e["permutations_exact"]
+    assert e["p_permutation"] == pytest.approx(6 / 1680) and e["p_f"] < 1e-5
+    # MS_within = 1/40^2 (deviations -1, 0, 1 instance in each), MS_between = 3 * (12^2 + 0 + 12^2) / 2 / 40^2
+    assert e["ms_within"] == pytest.approx(1 / 1600) and e["F"] == pytest.approx(432) and e["seed_sd"] == pytest.approx(1 / 40)
+    assert e["between_sd"] == pytest.approx(math.sqrt((432 - 1) / 1600 / 3))
+    assert e["vs_reference_seed_means"]["c"]["diff"] == pytest.approx(0.6) and e["vs_reference_seed_means"]["c"]["low"] > 0.5
+    assert (e["best_vs_worst"]["best"], e["best_vs_worst"]["worst"]) == ("c", "a") and "optimistic" in e["best_vs_worst"]["note"]
+    # the same nine run rates dealt out so every configuration gets a low, a middle and a high one: no effect
+    same = summarise(seeded_runs(tmp_path, {"a": [8, 20, 34], "b": [9, 22, 33], "c": [10, 21, 32]}, n), origin, "a", "start")
+    e = same["config_effect"]
+    assert e["F"] < 0.1 and e["p_permutation"] > 0.9 and e["p_f"] > 0.9 and e["between_sd"] == 0.0
+    assert all(d["low"] < 0 < d["high"] for d in e["vs_reference_seed_means"].values())
+
+
+def test_config_effect_by_hand_and_in_markdown(tmp_path):
+    n = 10
+    origin = {f"h{i}": "heldout" for i in range(n)}
+    # reference a: 0.3, 0.5; b: 0.6, 0.7, 0.9; c has one seed and is left out
+    s = summarise(seeded_runs(tmp_path, {"a": [3, 5], "b": [6, 7, 9], "c": [4]}, n), origin, "a", "start")
+    e = s["config_effect"]
+    a, b = [0.3, 0.5], [0.6, 0.7, 0.9]
+    ms_within = (sum((x - 0.4) ** 2 for x in a) + sum((x - 2.2 / 3) ** 2 for x in b)) / (5 - 2)  # = 1/45
+    ms_between = (2 * (0.4 - 0.6) ** 2 + 3 * (2.2 / 3 - 0.6) ** 2) / (2 - 1)  # = 2/15
+    assert e["configs"] == ["a", "b"] and e["N"] == 5 and e["df"] == [1, 3]
+    assert abs(e["ms_within"] - ms_within) < 1e-9 and abs(e["ms_between"] - ms_between) < 1e-9
+    assert e["F"] == pytest.approx(6.0) and e["n0"] == pytest.approx(2.4)
+    assert e["between_sd"] == pytest.approx(math.sqrt((ms_between - ms_within) / 2.4))
+    # two groups: the F test is the pooled two-sample t test (t^2 = F), p = P(|T_3| >= sqrt 6)
+    from scipy import stats
+    assert e["p_f"] == pytest.approx(stats.ttest_ind(b, a).pvalue)
+    # of the 10 ways to pick 2 of the 5 rates, {0.3, 0.5} and {0.7, 0.9} give the largest mean gap
+    assert e["p_permutation"] == pytest.approx(2 / 10) and e["permutations"] == 10
+    d = e["vs_reference_seed_means"]["b"]
+    half = 3.182446305284263 * math.sqrt(ms_within * (1 / 3 + 1 / 2))  # t_{0.975, 3}
+    true_difference = 2.2 / 3 - 0.4
+    assert abs(d["diff"] - true_difference) < 1e-9 and d["df"] == 3
+    assert abs(d["low"] - (true_difference - half)) < 1e-9 and abs(d["high"] - (true_difference + half)) < 1e-9
+    assert d["low"] < true_difference < d["high"]
+    text = markdown(s)
+    assert "F = 6.00 (df 1, 3)" in text and "p = 0.2 (permutation, exact over 10 relabelings)" in text
+    assert "Seed-to-seed SD of one run's valid rate: 14.9 points" in text
+    assert f"- b: +33.3 ({100 * (true_difference - half):+.1f} to {100 * (true_difference + half):+.1f})" in text
+    assert json.loads(json.dumps(s))["config_effect"]["p_permutation"] == pytest.approx(0.2)
+    # no reference with two seeds: no reference differences, the rest stays
+    e = summarise(seeded_runs(tmp_path, {"a": [3, 5], "b": [6, 7, 9], "c": [4]}, n), origin, "c", "start")["config_effect"]
+    assert e["vs_reference_seed_means"] == {} and e["F"] == pytest.approx(6.0)
+
+
+def test_permutation_p_samples_when_there_are_too_many_relabelings():
+    groups = [[0.1 * g + 0.01 * i for i in range(3)] for g in range(4)]  # 12!/(3!)^4 = 369600 relabelings
+    p, count, exact = permutation_p(groups)
+    assert count == 20_001 and not exact and p == permutation_p(groups)[0]  # sampled with a fixed seed
+    assert 1 / 20_001 <= p < 0.001  # perfectly separated: only relabelings that swap whole groups tie
+    # 11 against 12 runs, perfectly separated (23 choose 11 = 1352078 relabelings): only the observed one reaches its F
+    assert permutation_p([[0.01 * i for i in range(11)], [0.5 + 0.01 * i for i in range(12)]]) == (1 / 20_001, 20_001, False)
+    assert permutation_p([[0.5, 0.5], [0.5, 0.5]]) == (1.0, 6, True)  # nothing varies: every relabeling ties
+
+
+def test_a_study_run_in_parts_merges_into_the_summary_of_all_its_runs(tmp_path):
+    n = 40
+    origin = {f"h{i}": "heldout" for i in range(n)}
+    counts = {"a": [8, 9, 11], "b": [20, 21, 22], "c": [12, 15, 10]}
+    runs = seeded_runs(tmp_path, counts, n)
+    whole = summarise(runs, origin, "a", "start")
+    seeds01 = {k: v for k, v in runs.items() if not k.endswith("/s2")}
+    seed2 = {k: v for k, v in runs.items() if k == "start" or k.endswith("/s2")}
+    parts = [summarise(seeds01, origin, "a", "start"), summarise(seed2, origin, "a", "start")]
+    merged = merge(parts, "a")
+    assert merged["runs"] == json.loads(json.dumps(whole["runs"]))
+    assert merged["vs_start"] == json.loads(json.dumps(whole["vs_start"]))
+    assert merged["spread"]["valid"] == pytest.approx(whole["spread"]["valid"]) and merged["spread"]["best"] == "b"
+    # the configuration effect needs only the runs' rates: the same over the parts as over the whole
+    for key in ("F", "p_f", "p_permutation", "seed_sd", "between_sd", "df"):
+        assert merged["config_effect"][key] == pytest.approx(whole["config_effect"][key]), key
+    assert "config_effect" not in parts[1]  # one seed per configuration alone says nothing about seed noise
+    # seed-noise pairs need two runs' outcomes side by side: only those within one part
+    assert {tuple(x["runs"]) for x in merged["noise"]} == {(f"{c}/s0", f"{c}/s1") for c in counts}
+    # the reference defaults to the first part's first configuration (the runs' order when no settings are stored)
+    assert merge(parts)["config_effect"]["reference"] == "a"
+
+    other_start = summarise({**seed2, "start": trajectories(tmp_path / "o.parquet", [True] * n)}, origin, "a", "start")
+    with pytest.raises(ValueError, match="part 2: run 'start' differs"):
+        merge([parts[0], other_start])
+    fewer = summarise({k: trajectories(tmp_path / f"f{i}.parquet", [True] * 10) for i, k in enumerate(seed2)},
+                      {f"h{i}": "heldout" for i in range(10)}, "a", "start")
+    with pytest.raises(ValueError, match="part 2 has 10 held-out instances"):
+        merge([parts[0], fewer])
+
+
+def test_sensitivity_merge_command(tmp_path, capsys):
+    n = 40
+    origin = {f"h{i}": "heldout" for i in range(n)}
+    runs = seeded_runs(tmp_path, {"a": [8, 9], "b": [20, 22]}, n)
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps(summarise(runs, origin, "a", "start")))
+    out = tmp_path / "merged.json"
+    assert main(["sensitivity-merge", str(part), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["config_effect"]["k"] == 2 and "Configuration effect" in out.with_suffix(".md").read_text()
+    assert main(["sensitivity-merge", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
+    assert "missing.json does not exist" in capsys.readouterr().err
 
 
 def heldout_files(tmp_path: Path) -> tuple[Path, Path]:
