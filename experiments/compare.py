@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
 import time
 from collections import defaultdict
@@ -36,21 +34,8 @@ from typing import Any
 
 from envgen.files import atomic_write_text
 from experiments.dvc import DvcError, StageFiles, dvc, pipeline_stages, stage_named
+from experiments.stats import mean_ci
 from pipeline.params import ParamsError, load_params, parse_overrides
-
-# Two-sided 95% Student t quantiles by degrees of freedom (1..30); 1.96 beyond.
-_T95 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-def mean_ci(values: list[float]) -> dict[str, float]:
-    """Mean and the 95% t-interval half-width (0 for a single value)."""
-    n = len(values)
-    mean = statistics.fmean(values)
-    if n < 2:
-        return {"mean": mean, "ci95": 0.0, "n": n}
-    t = _T95[n - 2] if n - 1 <= len(_T95) else 1.96
-    return {"mean": mean, "ci95": t * statistics.stdev(values) / math.sqrt(n), "n": n}
 
 
 def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] | None = None) -> list[dict[str, Any]]:

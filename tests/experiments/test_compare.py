@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from experiments.compare import (aggregate, config_summary, experiment_plan, experiment_records, last_stage_result,
-                                 mean_ci, missing, queue_args, render, shared_stages, stage_config, waves)
+                                 missing, queue_args, render, shared_stages, stage_config, waves)
 from experiments.dvc import StageFiles, dvc_env
 
 
@@ -19,9 +19,6 @@ CURRICULUM = [{"stage": 0, "prev": "init", "next": 1}, {"stage": 1, "prev": 0, "
 
 
 def test_comparison_aggregate_with_confidence_intervals():
-    assert mean_ci([1.0]) == {"mean": 1.0, "ci95": 0.0, "n": 1}
-    m = mean_ci([0.2, 0.4, 0.6])
-    assert m["mean"] == pytest.approx(0.4) and m["ci95"] == pytest.approx(4.303 * 0.2 / 3 ** 0.5)
     plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
     assert len(plan) == 6 and plan[0]["set"]["engineer.engineer"] == "heuristic" and plan[0]["set"]["train.seed"] == 0
     assert queue_args(plan[0], {"train.trajectories": 64})[:5] == ["exp", "run", "--queue", "-n", "cmp-heuristic-s0"]

@@ -10,23 +10,11 @@ import yaml
 from envgen.config import EnvConfig
 from envgen.dataset import generate_verified, write_instances
 from env_engineer.cli import main
-from experiments.sensitivity import (combine_heldout, markdown, merge, paired_difference, permutation_p, summarise,
-                                     wilson)
+from experiments.sensitivity import combine_heldout, markdown, merge, summarise
 from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
          4: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1}}
-
-
-def test_wilson_interval_and_paired_difference():
-    low, high = wilson(50, 100)
-    assert low == pytest.approx(0.4038, abs=1e-3) and high == pytest.approx(0.5962, abs=1e-3)
-    assert wilson(0, 0) == (0.0, 1.0) and wilson(0, 10)[0] == 0.0 and wilson(10, 10)[1] == pytest.approx(1.0)
-    d = paired_difference([True, True, False, True], [False, True, False, False])
-    assert d["diff"] == pytest.approx(0.5) and d["low"] < 0.5 < d["high"] and d["n"] == 4
-    assert paired_difference([True] * 3, [True] * 3) == {"diff": 0.0, "low": 0.0, "high": 0.0, "n": 3}
-    with pytest.raises(ValueError, match="equally long"):
-        paired_difference([True], [True, False])
 
 
 def trajectories(path: Path, valid: list[bool], agents: int = 2) -> Path:
@@ -121,16 +109,6 @@ def test_config_effect_by_hand_and_in_markdown(tmp_path):
     # no reference with two seeds: no reference differences, the rest stays
     e = summarise(seeded_runs(tmp_path, {"a": [3, 5], "b": [6, 7, 9], "c": [4]}, n), origin, "c", "start")["config_effect"]
     assert e["vs_reference_seed_means"] == {} and e["F"] == pytest.approx(6.0)
-
-
-def test_permutation_p_samples_when_there_are_too_many_relabelings():
-    groups = [[0.1 * g + 0.01 * i for i in range(3)] for g in range(4)]  # 12!/(3!)^4 = 369600 relabelings
-    p, count, exact = permutation_p(groups)
-    assert count == 20_001 and not exact and p == permutation_p(groups)[0]  # sampled with a fixed seed
-    assert 1 / 20_001 <= p < 0.001  # perfectly separated: only relabelings that swap whole groups tie
-    # 11 against 12 runs, perfectly separated (23 choose 11 = 1352078 relabelings): only the observed one reaches its F
-    assert permutation_p([[0.01 * i for i in range(11)], [0.5 + 0.01 * i for i in range(12)]]) == (1 / 20_001, 20_001, False)
-    assert permutation_p([[0.5, 0.5], [0.5, 0.5]]) == (1.0, 6, True)  # nothing varies: every relabeling ties
 
 
 def test_a_study_run_in_parts_merges_into_the_summary_of_all_its_runs(tmp_path):
