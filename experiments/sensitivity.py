@@ -149,20 +149,30 @@ def across_configurations(runs: dict[str, Any], reference: str, start: str | Non
     return out
 
 
+def _recipe(summary: dict[str, Any]) -> dict[str, Any]:
+    """What a part's runs were trained and scored with: its params file and overrides (as its settings record them)."""
+    settings = summary.get("settings", {})
+    return {"params": settings.get("params"), "set": sorted(settings.get("set", []))}
+
+
 def merge(summaries: list[dict[str, Any]], reference: str | None = None) -> dict[str, Any]:
     """One summary of several summaries of the same study run in parts (work folders of their own, e.g. more seeds
     added later): the same starting adapter on the same held-out instances, so every part's ``start`` run must have
-    the same rates, and a run that appears in two parts must have the same rates in both (else ValueError, naming the
-    part). Runs, their paired differences against the start, the against-the-reference differences and the seed-noise
-    pairs are taken from the parts (they need two runs' outcomes side by side, which only a part has); the spread and
-    the configuration effect are computed again over all runs. ``reference`` defaults to the first part's."""
+    the same rates, a run that appears in two parts the same rates in both, and every part the same params file and
+    overrides (else ValueError, naming the part). Runs, their paired differences against the start, the
+    against-the-reference differences and the seed-noise pairs are taken from the parts (they need two runs' outcomes
+    side by side, which only a part has); the spread and the configuration effect are computed again over all runs. ``reference`` defaults to the first part's."""
     if not summaries:
         raise ValueError("merge needs at least one summary")
     summaries = [json.loads(json.dumps(s)) for s in summaries]  # as read from JSON: intervals are lists, not tuples
     first = summaries[0]
     out: dict[str, Any] = {"instances": first["instances"], "runs": {}, "vs_start": {}, "vs_reference": {},
                            "noise": [], "not_run": [], "failed": [], "parts": []}
+    recipe = _recipe(first)
     for i, part in enumerate(summaries):
+        if _recipe(part) != recipe:
+            raise ValueError(f"part {i + 1} trained with {_recipe(part)}, part 1 with {recipe}: merge only parts of one "
+                             "recipe (the same params file and --set overrides)")
         if part["instances"] != first["instances"]:
             raise ValueError(f"part {i + 1} has {part['instances']} held-out instances, part 1 {first['instances']}: "
                              "merge only summaries of the same held-out files")

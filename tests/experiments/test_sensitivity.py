@@ -136,6 +136,9 @@ def test_a_study_run_in_parts_merges_into_the_summary_of_all_its_runs(tmp_path):
     other_start = summarise({**seed2, "start": trajectories(tmp_path / "o.parquet", [True] * n)}, origin, "a", "start")
     with pytest.raises(ValueError, match="part 2: run 'start' differs"):
         merge([parts[0], other_start])
+    other_recipe = {**parts[1], "settings": {"params": "params.yaml", "set": ["train.learning_rate=0.0002"]}}
+    with pytest.raises(ValueError, match="part 2 trained with .*learning_rate"):
+        merge([{**parts[0], "settings": {"params": "params.yaml", "set": []}}, other_recipe])
     fewer = summarise({k: trajectories(tmp_path / f"f{i}.parquet", [True] * 10) for i, k in enumerate(seed2)},
                       {f"h{i}": "heldout" for i in range(10)}, "a", "start")
     with pytest.raises(ValueError, match="part 2 has 10 held-out instances"):
