@@ -20,7 +20,8 @@ the runs' valid rates: a one-way ANOVA (F test and permutation test), the seed a
 deviations, and seed-mean differences (against the reference, best minus worst) with 95% t intervals.
 
 ``env-engineer sensitivity-merge A.json B.json --out all.json`` joins the summaries of one study run in parts (work
-folders of their own, e.g. seeds added later) into one (:func:`merge`).
+folders of their own, e.g. seeds added later) into one (:func:`merge`); each summary's per-instance outcomes
+(``A.outcomes.parquet``, written beside it) make the join exact.
 """
 
 from __future__ import annotations
@@ -88,7 +89,12 @@ def summarise(runs: dict[str, Path], origin: dict[str, str], reference: str, sta
     """The summary described in the module docstring from ``run name -> held-out trajectories``; run names are
     ``<configuration>/s<seed>`` (``start`` for the starting adapter); ``reference`` is the configuration the others are
     compared against."""
-    table = {name: scored(path) for name, path in runs.items()}
+    return summarise_rows({name: scored(path) for name, path in runs.items()}, origin, reference, start)
+
+
+def summarise_rows(table: dict[str, dict[str, dict[str, Any]]], origin: dict[str, str], reference: str,
+                   start: str | None) -> dict[str, Any]:
+    """:func:`summarise` from the runs' outcomes already read: ``run name -> content_hash -> row``."""
     hashes = sorted(set.intersection(*(set(t) for t in table.values()))) if table else []
     out: dict[str, Any] = {"instances": len(hashes), "runs": {}, "vs_start": {}, "vs_reference": {}}
     for name, rows in table.items():
@@ -149,19 +155,51 @@ def across_configurations(runs: dict[str, Any], reference: str, start: str | Non
     return out
 
 
+OUTCOME_COLUMNS = ("content_hash", "size", "num_agents", "valid", "optimal")
+
+
+def outcomes_path(summary: Path) -> Path:
+    """Where the per-instance outcomes of the summary ``summary`` lie: ``S.json`` -> ``S.outcomes.parquet``."""
+    return summary.with_suffix(".outcomes.parquet")
+
+
+def write_outcomes(table: dict[str, dict[str, dict[str, Any]]], origin: dict[str, str], out: Path) -> None:
+    """Every run's outcome on every held-out instance (``run -> content_hash -> row``, its first sample) with the
+    held-out file it came from: a few hundred kB that let :func:`merge` join parts of a study exactly."""
+    rows = [{"run": name, "heldout": origin.get(h, "heldout"), **{k: r[k] for k in OUTCOME_COLUMNS}}
+            for name, by_hash in table.items() for h, r in by_hash.items()]
+    tmp = out.with_suffix(".tmp.parquet")
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    tmp.replace(out)
+
+
+def read_outcomes(path: Path) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+    """``(run -> content_hash -> row, content_hash -> held-out file)`` from :func:`write_outcomes`' file."""
+    table: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+    origin: dict[str, str] = {}
+    for r in pq.read_table(path).to_pylist():
+        table[r["run"]][r["content_hash"]] = {k: r[k] for k in OUTCOME_COLUMNS}
+        origin[r["content_hash"]] = r["heldout"]
+    return dict(table), origin
+
+
 def _recipe(summary: dict[str, Any]) -> dict[str, Any]:
     """What a part's runs were trained and scored with: its params file and overrides (as its settings record them)."""
     settings = summary.get("settings", {})
     return {"params": settings.get("params"), "set": sorted(settings.get("set", []))}
 
 
-def merge(summaries: list[dict[str, Any]], reference: str | None = None) -> dict[str, Any]:
+def merge(summaries: list[dict[str, Any]], reference: str | None = None,
+          outcomes: list[tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]] | None = None) -> dict[str, Any]:
     """One summary of several summaries of the same study run in parts (work folders of their own, e.g. more seeds
     added later): the same starting adapter on the same held-out instances, so every part's ``start`` run must have
     the same rates, a run that appears in two parts the same rates in both, and every part the same params file and
     overrides (else ValueError, naming the part). Runs, their paired differences against the start, the
     against-the-reference differences and the seed-noise pairs are taken from the parts (they need two runs' outcomes
-    side by side, which only a part has); the spread and the configuration effect are computed again over all runs. ``reference`` defaults to the first part's."""
+    side by side, which only a part has); the spread and the configuration effect are computed again over all runs.
+    With ``outcomes`` (each part's :func:`read_outcomes`, in the same order) the merge is exact instead: the summary of
+    all the parts' outcomes together, every pair of runs compared on the same instances, as if one study had run them.
+    ``reference`` defaults to the first part's first configuration."""
     if not summaries:
         raise ValueError("merge needs at least one summary")
     summaries = [json.loads(json.dumps(s)) for s in summaries]  # as read from JSON: intervals are lists, not tuples
@@ -191,6 +229,27 @@ def merge(summaries: list[dict[str, Any]], reference: str | None = None) -> dict
         configs = first.get("settings", {}).get("configs") or [n.split("/")[0] for n in first["runs"] if n != "start"]
         reference = Path(configs[0]).stem
     out["not_run"] = [n for n in dict.fromkeys(out["not_run"]) if n not in out["runs"]]
+    if outcomes is not None:
+        if len(outcomes) != len(summaries):
+            raise ValueError(f"{len(outcomes)} outcome sets for {len(summaries)} parts: give one per part")
+        table: dict[str, dict[str, dict[str, Any]]] = {}
+        origin: dict[str, str] = {}
+        for i, (rows, part_origin) in enumerate(outcomes):
+            lacking = sorted(set(summaries[i]["runs"]) - set(rows))
+            if lacking:
+                raise ValueError(f"part {i + 1}: its outcomes lack run(s) {', '.join(lacking)} of its summary: merge "
+                                 "without that part's outcomes file")
+            for name, by_hash in rows.items():
+                if name in table and table[name] != by_hash:
+                    raise ValueError(f"part {i + 1}: the outcomes of run {name!r} differ from an earlier part's")
+                table[name] = by_hash
+            origin.update(part_origin)
+        configs = [Path(c).stem for part in summaries for c in part.get("settings", {}).get("configs", [])]
+        rank = {c: i for i, c in enumerate(dict.fromkeys([*configs, *sorted(n.split("/")[0] for n in table)]))}
+        order = ["start", *sorted((n for n in table if n != "start"),
+                                  key=lambda n: (rank[n.split("/")[0]], int(n.split("/s")[-1]) if "/s" in n else 0, n))]
+        exact = summarise_rows({n: table[n] for n in order if n in table}, origin, reference, "start")
+        return {**exact, "not_run": out["not_run"], "failed": out["failed"], "parts": out["parts"]}
     if out["noise"]:
         out["noise_mean_abs_valid"] = sum(abs(x["valid"]["diff"]) for x in out["noise"]) / len(out["noise"])
     out.update(across_configurations(out["runs"], reference, "start"))
@@ -320,7 +379,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="parameter override passed to every train and rollout (repeatable)")
     parser.add_argument("--work", type=Path, required=True, help="folder for every run's files (resumable)")
-    parser.add_argument("--out", type=Path, required=True, help="summary JSON to write (and a .md beside it)")
+    parser.add_argument("--out", type=Path, required=True,
+                        help="summary JSON to write (S.json; S.md and the runs' per-instance outcomes, "
+                        "S.outcomes.parquet, beside it)")
     parser.add_argument("--budget-s", type=float, default=None, help="start no new run after this many seconds")
     parser.add_argument("--retries", type=int, default=1,
                         help="times a failed run is tried again at the end, one at a time (default 1)")
@@ -331,7 +392,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("parts", type=Path, nargs="+",
-                        help="summary JSONs of `env-engineer sensitivity` over the same start and held-out files")
+                        help="summary JSONs of `env-engineer sensitivity` over the same start and held-out files; with each "
+                        "part's S.outcomes.parquet beside its S.json the merge is exact (every pair of runs compared on "
+                        "the same instances), else it joins the summaries")
     parser.add_argument("--reference", default=None,
                         help="configuration the others are compared against (default: the first part's first)")
     parser.add_argument("--out", type=Path, required=True, help="merged summary JSON to write (and a .md beside it)")
@@ -342,14 +405,22 @@ def run_merge(args: argparse.Namespace) -> int:
     if missing:
         print(f"error: {', '.join(missing)} does not exist", file=sys.stderr)
         return 2
+    exact = all(outcomes_path(p).exists() for p in args.parts)
+    outcomes = [read_outcomes(outcomes_path(p)) for p in args.parts] if exact else None
     try:
-        summary = merge([json.loads(p.read_text()) for p in args.parts], args.reference)
+        summary = merge([json.loads(p.read_text()) for p in args.parts], args.reference, outcomes)
     except (ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if outcomes is not None:  # the merged study can be merged again, exactly
+        write_outcomes({name: rows for table, _ in outcomes for name, rows in table.items()},
+                       {h: f for _, origin in outcomes for h, f in origin.items()}, outcomes_path(args.out))
     atomic_write_text(args.out, json.dumps(summary, indent=2))
     atomic_write_text(args.out.with_suffix(".md"), markdown(summary))
     print(markdown(summary))
+    print("merged from every part's per-instance outcomes: exact" if exact else
+          "merged from the summaries (a part without its .outcomes.parquet): seed-noise pairs and paired differences "
+          "only within a part")
     return 0
 
 
@@ -456,6 +527,7 @@ def run(args: argparse.Namespace) -> int:
         print("error: the starting adapter was not scored; nothing to compare against", file=sys.stderr)
         return 1
     summary = summarise(runs, origin, configs[0].stem, "start")
+    write_outcomes({name: scored(path) for name, path in runs.items()}, origin, outcomes_path(args.out))
     summary["not_run"] = skipped
     summary["failed"] = failures
     summary["settings"] = {"params": str(args.params), "start": str(args.start), "configs": [str(c) for c in configs],

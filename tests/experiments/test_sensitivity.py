@@ -10,7 +10,8 @@ import yaml
 from envgen.config import EnvConfig
 from envgen.dataset import generate_verified, write_instances
 from env_engineer.cli import main
-from experiments.sensitivity import combine_heldout, markdown, merge, summarise
+from experiments.sensitivity import (combine_heldout, markdown, merge, outcomes_path, read_outcomes, scored,
+                                     summarise, write_outcomes)
 from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
@@ -145,6 +146,33 @@ def test_a_study_run_in_parts_merges_into_the_summary_of_all_its_runs(tmp_path):
         merge([parts[0], fewer])
 
 
+def test_parts_with_their_outcomes_merge_exactly(tmp_path):
+    n = 40
+    origin = {f"h{i}": ("a" if i < 20 else "b") for i in range(n)}
+    runs = seeded_runs(tmp_path, {"u": [8, 9, 11], "v": [20, 21, 22]}, n)
+    whole = summarise(runs, origin, "u", "start")
+    names = [["start", "u/s0", "u/s1", "v/s0"], ["start", "v/s1", "u/s2", "v/s2"]]
+    parts, outcomes = [], []
+    for i, part in enumerate(names):
+        path = tmp_path / f"part{i}.outcomes.parquet"
+        write_outcomes({k: scored(runs[k]) for k in part}, origin, path)
+        outcomes.append(read_outcomes(path))
+        parts.append(summarise({k: runs[k] for k in part}, origin, "u", "start"))
+    exact = merge(parts, "u", outcomes)
+    assert list(exact["runs"]) == list(whole["runs"])  # start, then by configuration and seed
+    for key in ("runs", "vs_start", "vs_reference", "noise", "spread", "config_effect"):
+        assert json.loads(json.dumps(exact[key])) == json.loads(json.dumps(whole[key])), key
+    # from the summaries alone, the pairs that cross parts are missing
+    assert len(merge(parts, "u")["noise"]) < len(whole["noise"]) == 6
+    bad = read_outcomes(tmp_path / "part1.outcomes.parquet")
+    bad[0]["start"]["h0"] = {**bad[0]["start"]["h0"], "valid": not bad[0]["start"]["h0"]["valid"]}
+    with pytest.raises(ValueError, match="outcomes of run 'start' differ"):
+        merge(parts, "u", [outcomes[0], bad])
+    del bad[0]["v/s2"]
+    with pytest.raises(ValueError, match="part 2: its outcomes lack run.s. v/s2"):
+        merge(parts, "u", [outcomes[0], bad])
+
+
 def test_sensitivity_merge_command(tmp_path, capsys):
     n = 40
     origin = {f"h{i}": "heldout" for i in range(n)}
@@ -154,6 +182,11 @@ def test_sensitivity_merge_command(tmp_path, capsys):
     out = tmp_path / "merged.json"
     assert main(["sensitivity-merge", str(part), "--out", str(out)]) == 0
     assert json.loads(out.read_text())["config_effect"]["k"] == 2 and "Configuration effect" in out.with_suffix(".md").read_text()
+    assert "merged from the summaries" in capsys.readouterr().out and not outcomes_path(out).exists()
+    write_outcomes({k: scored(v) for k, v in runs.items()}, origin, outcomes_path(part))
+    assert main(["sensitivity-merge", str(part), "--out", str(out)]) == 0
+    assert "exact" in capsys.readouterr().out.splitlines()[-1]
+    assert read_outcomes(outcomes_path(out)) == read_outcomes(outcomes_path(part))  # merged again, exactly
     assert main(["sensitivity-merge", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     assert "missing.json does not exist" in capsys.readouterr().err
 
@@ -196,6 +229,8 @@ def test_sensitivity_command_runs_the_steps_and_resumes(tiny_model_dir, tmp_path
     assert set(summary["runs"]) == {"start", "tiny/s0"} and summary["instances"] == 10
     assert summary["settings"]["seeds"] == [0] and summary["not_run"] == []
     assert (tmp_path / "s.md").read_text().startswith("Held-out instances: 10.")
+    table, _ = read_outcomes(tmp_path / "s.outcomes.parquet")  # per-instance outcomes for an exact merge later
+    assert set(table) == {"start", "tiny/s0"} and len(table["tiny/s0"]) == 10
     details = json.loads((tmp_path / "work" / "tiny" / "s0" / "train_details.json").read_text())
     assert "train/phase_seconds" in details  # where each run's GRPO time went
     trained = (tmp_path / "work" / "tiny" / "s0" / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
