@@ -383,7 +383,7 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
         parts.append("<h2>Engineer comparison</h2>" + (_img(curves, "engineers across stages") if curves else "")
                      + _md_table(render(compared)))
     if sens is not None:
-        from experiments.sensitivity import config_effect_lines, markdown
+        from experiments.sensitivity_summary import config_effect_lines, markdown
 
         lines = [line for line in markdown(sens).splitlines() if line.startswith("|")]
         spread = sens.get("spread") or {}

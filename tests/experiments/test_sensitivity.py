@@ -10,8 +10,9 @@ import yaml
 from envgen.config import EnvConfig
 from envgen.dataset import generate_verified, write_instances
 from env_engineer.cli import main
-from experiments.sensitivity import (combine_heldout, markdown, merge, outcomes_path, read_outcomes, scored,
-                                     summarise, write_outcomes)
+from experiments.sensitivity import combine_heldout
+from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,
+                                             write_outcomes)
 from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
