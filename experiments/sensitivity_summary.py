@@ -186,30 +186,42 @@ def merge(summaries: list[dict[str, Any]], reference: str | None = None,
         reference = Path(configs[0]).stem
     out["not_run"] = [n for n in dict.fromkeys(out["not_run"]) if n not in out["runs"]]
     if outcomes is not None:
-        if len(outcomes) != len(summaries):
-            raise ValueError(f"{len(outcomes)} outcome sets for {len(summaries)} parts: give one per part")
-        table: dict[str, dict[str, dict[str, Any]]] = {}
-        origin: dict[str, str] = {}
-        for i, (rows, part_origin) in enumerate(outcomes):
-            lacking = sorted(set(summaries[i]["runs"]) - set(rows))
-            if lacking:
-                raise ValueError(f"part {i + 1}: its outcomes lack run(s) {', '.join(lacking)} of its summary: merge "
-                                 "without that part's outcomes file")
-            for name, by_hash in rows.items():
-                if name in table and table[name] != by_hash:
-                    raise ValueError(f"part {i + 1}: the outcomes of run {name!r} differ from an earlier part's")
-                table[name] = by_hash
-            origin.update(part_origin)
-        configs = [Path(c).stem for part in summaries for c in part.get("settings", {}).get("configs", [])]
-        rank = {c: i for i, c in enumerate(dict.fromkeys([*configs, *sorted(n.split("/")[0] for n in table)]))}
-        order = ["start", *sorted((n for n in table if n != "start"),
-                                  key=lambda n: (rank[n.split("/")[0]], int(n.split("/s")[-1]) if "/s" in n else 0, n))]
-        exact = summarise_rows({n: table[n] for n in order if n in table}, origin, reference, "start")
+        exact = _merge_outcomes(summaries, outcomes, reference)
         return {**exact, "not_run": out["not_run"], "failed": out["failed"], "parts": out["parts"]}
     if out["noise"]:
         out["noise_mean_abs_valid"] = sum(abs(x["valid"]["diff"]) for x in out["noise"]) / len(out["noise"])
     out.update(across_configurations(out["runs"], reference, "start"))
     return out
+
+
+def _merge_outcomes(summaries: list[dict[str, Any]],
+                    outcomes: list[tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]],
+                    reference: str) -> dict[str, Any]:
+    """:func:`merge`'s exact case: the summary of all the parts' per-instance outcomes together, runs in the parts'
+    configuration order, then by seed."""
+    if len(outcomes) != len(summaries):
+        raise ValueError(f"{len(outcomes)} outcome sets for {len(summaries)} parts: give one per part")
+    table: dict[str, dict[str, dict[str, Any]]] = {}
+    origin: dict[str, str] = {}
+    for i, (rows, part_origin) in enumerate(outcomes):
+        lacking = sorted(set(summaries[i]["runs"]) - set(rows))
+        if lacking:
+            raise ValueError(f"part {i + 1}: its outcomes lack run(s) {', '.join(lacking)} of its summary: merge "
+                             "without that part's outcomes file")
+        for name, by_hash in rows.items():
+            if name in table and table[name] != by_hash:
+                raise ValueError(f"part {i + 1}: the outcomes of run {name!r} differ from an earlier part's")
+            table[name] = by_hash
+        origin.update(part_origin)
+    configs = [Path(c).stem for part in summaries for c in part.get("settings", {}).get("configs", [])]
+    rank = {c: i for i, c in enumerate(dict.fromkeys([*configs, *sorted(n.split("/")[0] for n in table)]))}
+
+    def position(name: str) -> tuple[int, int]:  # runs are named <configuration>/s<seed>
+        config, seed = name.split("/s")
+        return rank[config], int(seed)
+
+    order = ["start", *sorted((n for n in table if n != "start"), key=position)]
+    return summarise_rows({n: table[n] for n in order if n in table}, origin, reference, "start")
 
 
 def config_effect(valid: dict[str, list[float]], reference: str) -> dict[str, Any] | None:
