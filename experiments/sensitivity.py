@@ -35,8 +35,9 @@ import pyarrow.parquet as pq
 import yaml
 
 from envgen.files import atomic_write_text
-from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,
-                                             write_outcomes)
+from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise_rows,
+                                             union_outcomes, write_outcomes)
+
 
 def combine_heldout(files: list[Path], out: Path) -> dict[str, str]:
     """One instances file of every held-out file (rows re-indexed; an instance already taken is dropped); returns
@@ -123,15 +124,15 @@ def run_merge(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(missing)} does not exist", file=sys.stderr)
         return 2
     exact = all(outcomes_path(p).exists() for p in args.parts)
-    outcomes = [read_outcomes(outcomes_path(p)) for p in args.parts] if exact else None
+    parts = [json.loads(p.read_text()) for p in args.parts]
     try:
-        summary = merge([json.loads(p.read_text()) for p in args.parts], args.reference, outcomes)
+        outcomes = union_outcomes(parts, [read_outcomes(outcomes_path(p)) for p in args.parts]) if exact else None
+        summary = merge(parts, args.reference, outcomes)
     except (ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if outcomes is not None:  # the merged study can be merged again, exactly
-        write_outcomes({name: rows for table, _ in outcomes for name, rows in table.items()},
-                       {h: f for _, origin in outcomes for h, f in origin.items()}, outcomes_path(args.out))
+        write_outcomes(*outcomes, outcomes_path(args.out))
     atomic_write_text(args.out, json.dumps(summary, indent=2))
     atomic_write_text(args.out.with_suffix(".md"), markdown(summary))
     print(markdown(summary))
@@ -243,8 +244,9 @@ def run(args: argparse.Namespace) -> int:
     if "start" not in runs:
         print("error: the starting adapter was not scored; nothing to compare against", file=sys.stderr)
         return 1
-    summary = summarise(runs, origin, configs[0].stem, "start")
-    write_outcomes({name: scored(path) for name, path in runs.items()}, origin, outcomes_path(args.out))
+    table = {name: scored(path) for name, path in runs.items()}  # every run's held-out outcomes, read once
+    summary = summarise_rows(table, origin, configs[0].stem, "start")
+    write_outcomes(table, origin, outcomes_path(args.out))
     summary["not_run"] = skipped
     summary["failed"] = failures
     summary["settings"] = {"params": str(args.params), "start": str(args.start), "configs": [str(c) for c in configs],

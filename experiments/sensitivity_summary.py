@@ -112,6 +112,8 @@ def across_configurations(runs: dict[str, Any], reference: str, start: str | Non
 
 
 OUTCOME_COLUMNS = ("content_hash", "size", "num_agents", "valid", "optimal")
+Outcomes = tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]
+"""``(run -> content_hash -> outcome row, content_hash -> held-out file)``: a study's per-instance outcomes."""
 
 
 def outcomes_path(summary: Path) -> Path:
@@ -129,7 +131,7 @@ def write_outcomes(table: dict[str, dict[str, dict[str, Any]]], origin: dict[str
     tmp.replace(out)
 
 
-def read_outcomes(path: Path) -> tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]:
+def read_outcomes(path: Path) -> Outcomes:
     """``(run -> content_hash -> row, content_hash -> held-out file)`` from :func:`write_outcomes`' file."""
     table: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
     origin: dict[str, str] = {}
@@ -146,15 +148,15 @@ def _recipe(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def merge(summaries: list[dict[str, Any]], reference: str | None = None,
-          outcomes: list[tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]] | None = None) -> dict[str, Any]:
+          outcomes: Outcomes | None = None) -> dict[str, Any]:
     """One summary of several summaries of the same study run in parts (work folders of their own, e.g. more seeds
     added later): the same starting adapter on the same held-out instances, so every part's ``start`` run must have
     the same rates, a run that appears in two parts the same rates in both, and every part the same params file and
     overrides (else ValueError, naming the part). Runs, their paired differences against the start, the
     against-the-reference differences and the seed-noise pairs are taken from the parts (they need two runs' outcomes
     side by side, which only a part has); the spread and the configuration effect are computed again over all runs.
-    With ``outcomes`` (each part's :func:`read_outcomes`, in the same order) the merge is exact instead: the summary of
-    all the parts' outcomes together, every pair of runs compared on the same instances, as if one study had run them.
+    With ``outcomes`` (the parts' outcomes together, :func:`union_outcomes`) the merge is exact instead: their summary,
+    every pair of runs compared on the same instances, as if one study had run them.
     ``reference`` defaults to the first part's first configuration."""
     if not summaries:
         raise ValueError("merge needs at least one summary")
@@ -186,7 +188,7 @@ def merge(summaries: list[dict[str, Any]], reference: str | None = None,
         reference = Path(configs[0]).stem
     out["not_run"] = [n for n in dict.fromkeys(out["not_run"]) if n not in out["runs"]]
     if outcomes is not None:
-        exact = _merge_outcomes(summaries, outcomes, reference)
+        exact = _summarise_outcomes(summaries, outcomes, reference)
         return {**exact, "not_run": out["not_run"], "failed": out["failed"], "parts": out["parts"]}
     if out["noise"]:
         out["noise_mean_abs_valid"] = sum(abs(x["valid"]["diff"]) for x in out["noise"]) / len(out["noise"])
@@ -194,11 +196,9 @@ def merge(summaries: list[dict[str, Any]], reference: str | None = None,
     return out
 
 
-def _merge_outcomes(summaries: list[dict[str, Any]],
-                    outcomes: list[tuple[dict[str, dict[str, dict[str, Any]]], dict[str, str]]],
-                    reference: str) -> dict[str, Any]:
-    """:func:`merge`'s exact case: the summary of all the parts' per-instance outcomes together, runs in the parts'
-    configuration order, then by seed."""
+def union_outcomes(summaries: list[dict[str, Any]], outcomes: list[Outcomes]) -> Outcomes:
+    """The per-instance outcomes of several parts (each part's :func:`read_outcomes`, in the order of ``summaries``)
+    together; ValueError when a part's outcomes lack a run of its summary or a run's outcomes differ between parts."""
     if len(outcomes) != len(summaries):
         raise ValueError(f"{len(outcomes)} outcome sets for {len(summaries)} parts: give one per part")
     table: dict[str, dict[str, dict[str, Any]]] = {}
@@ -213,6 +213,13 @@ def _merge_outcomes(summaries: list[dict[str, Any]],
                 raise ValueError(f"part {i + 1}: the outcomes of run {name!r} differ from an earlier part's")
             table[name] = by_hash
         origin.update(part_origin)
+    return table, origin
+
+
+def _summarise_outcomes(summaries: list[dict[str, Any]], outcomes: Outcomes, reference: str) -> dict[str, Any]:
+    """:func:`merge`'s exact case: the summary of the parts' outcomes, runs in the parts' configuration order, then by
+    seed."""
+    table, origin = outcomes
     configs = [Path(c).stem for part in summaries for c in part.get("settings", {}).get("configs", [])]
     rank = {c: i for i, c in enumerate(dict.fromkeys([*configs, *sorted(n.split("/")[0] for n in table)]))}
 

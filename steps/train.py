@@ -443,11 +443,11 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     if config.continuous_batching and not use_vllm:
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
+    backend_sampling = use_backend_generation(config.grpo_generation, device, use_vllm)
     # only with the project's backend sampling, which enters autocast itself (TRL's own transformers sampling runs
     # outside autocast, where LoRA layers must cast their inputs; TRL's vLLM path was not measured with it)
-    lora = uses_lora_autocast(config.lora_autocast, device) and use_backend_generation(config.grpo_generation, device,
-                                                                                      use_vllm)
-    if use_backend_generation(config.grpo_generation, device, use_vllm):
+    lora = uses_lora_autocast(config.lora_autocast, device) and backend_sampling
+    if backend_sampling:
         from policy.grpo_rollout import backend_rollout, longest_prompt
 
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL

@@ -12,7 +12,7 @@ from envgen.dataset import generate_verified, write_instances
 from env_engineer.cli import main
 from experiments.sensitivity import combine_heldout
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,
-                                             write_outcomes)
+                                             union_outcomes, write_outcomes)
 from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
@@ -159,7 +159,7 @@ def test_parts_with_their_outcomes_merge_exactly(tmp_path):
         write_outcomes({k: scored(runs[k]) for k in part}, origin, path)
         outcomes.append(read_outcomes(path))
         parts.append(summarise({k: runs[k] for k in part}, origin, "u", "start"))
-    exact = merge(parts, "u", outcomes)
+    exact = merge(parts, "u", union_outcomes(parts, outcomes))
     assert list(exact["runs"]) == list(whole["runs"])  # start, then by configuration and seed
     for key in ("runs", "vs_start", "vs_reference", "noise", "spread", "config_effect"):
         assert json.loads(json.dumps(exact[key])) == json.loads(json.dumps(whole[key])), key
@@ -168,10 +168,10 @@ def test_parts_with_their_outcomes_merge_exactly(tmp_path):
     bad = read_outcomes(tmp_path / "part1.outcomes.parquet")
     bad[0]["start"]["h0"] = {**bad[0]["start"]["h0"], "valid": not bad[0]["start"]["h0"]["valid"]}
     with pytest.raises(ValueError, match="outcomes of run 'start' differ"):
-        merge(parts, "u", [outcomes[0], bad])
+        union_outcomes(parts, [outcomes[0], bad])
     del bad[0]["v/s2"]
     with pytest.raises(ValueError, match="part 2: its outcomes lack run.s. v/s2"):
-        merge(parts, "u", [outcomes[0], bad])
+        union_outcomes(parts, [outcomes[0], bad])
 
 
 def test_sensitivity_merge_command(tmp_path, capsys):
