@@ -8,7 +8,8 @@ each experiment is instead a run of the Prefect deployment of the ``curriculum``
 -S ...``), taken by whichever worker of the pool is free (``env-engineer workers --gpus 0,1``: one worker per GPU), so
 the comparison shows in the Prefect UI and spreads over the GPUs; a flow run that crashed (its worker's process died)
 is submitted once more, and why each failed run failed is printed; the results are read back the same way. Without ``--run`` it
-only collects the experiments already there. ``--contexts`` compares context variants of the ``policy`` engineer
+only collects the experiments already there; with ``--workspaces DIR`` it reads them from copies of their
+workspaces instead (a run stopped before DVC saved its experiments). ``--contexts`` compares context variants of the ``policy`` engineer
 instead (the paper's ablation).
 
 The queue runs in two waves: first, per seed, a short experiment (``cmp-shared-s<seed>``, removed afterwards) that runs
@@ -241,6 +242,27 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def workspace_records(folder: Path, stages: list[StageFiles]) -> list[dict[str, Any]]:
+    """The same records as :func:`experiment_records`, read from experiment workspaces instead of ``dvc exp show``:
+    every subfolder of ``folder`` that holds a ``params.yaml`` is one experiment, named after the subfolder
+    (``cmp-fixed-s0``, as :func:`experiment_plan` names them), its files at the paths ``dvc.yaml`` declares. For
+    experiments that DVC never saved: a run stopped before its last stages, whose workspaces (DVC's
+    ``.dvc/tmp/exps``) were copied while it ran."""
+    import yaml
+
+    metric_paths = sorted({path for s in stages for path in s.metrics})
+    param_paths = sorted({path for s in stages for path in s.params_files if path != "params.yaml"})
+    out = []
+    for ws in sorted(p for p in folder.iterdir() if (p / "params.yaml").is_file()):
+        params = yaml.safe_load((ws / "params.yaml").read_text()) or {}
+        metrics = {path: json.loads((ws / path).read_text()) for path in metric_paths if (ws / path).is_file()}
+        files = {path: yaml.safe_load((ws / path).read_text()) or {} for path in param_paths if (ws / path).is_file()}
+        out.append({"name": ws.name, "params": params, "metrics": metrics, "param_files": {"params.yaml": params, **files}})
+    if not out:
+        raise ValueError(f"--workspaces {folder}: no experiment folder (a subfolder with a params.yaml) in it")
+    return out
+
+
 def stage_config(record: dict[str, Any], stages: list[StageFiles], stage: int) -> dict[str, Any] | None:
     """The environment configuration curriculum stage ``stage`` of the experiment trained on: the params file of its
     ``generate-instances@K`` stage (written by the engineer of the stage before); None when absent."""
@@ -367,6 +389,8 @@ def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: l
 def _cell(m: dict[str, float] | None, sign: bool = False) -> str:
     if m is None:
         return ""
+    if m["ci95"] is None:
+        return f"{100 * m['mean']:{'+' if sign else ''}.1f} (one seed)"
     return f"{100 * m['mean']:{'+' if sign else ''}.1f} ± {100 * m['ci95']:.1f}"
 
 
@@ -440,6 +464,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reference", default="fixed",
                         help="the arm every other is compared with, paired by seed (default fixed)")
     parser.add_argument("--repo", type=Path, default=Path("."), help="the DVC repository (default: here)")
+    parser.add_argument("--workspaces", type=Path, default=None, metavar="DIR",
+                        help="read the experiments from DIR's subfolders (one per experiment, named cmp-ENGINEER-sSEED, "
+                        "each a workspace: params.yaml and the files dvc.yaml declares) instead of `dvc exp show`; "
+                        "for a run stopped before DVC saved its experiments")
     parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
 
@@ -462,6 +490,8 @@ def run(args: argparse.Namespace) -> int:
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item["set"], **extra})
         stages = pipeline_stages(args.repo)
+        if args.run and args.workspaces:
+            raise ValueError("--run and --workspaces: give one (--workspaces only reads experiments already run)")
         if args.run:
             done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
                     if last_stage_result(rec, stages) is not None}
@@ -483,7 +513,10 @@ def run(args: argparse.Namespace) -> int:
                         dvc(["exp", "remove", *scaffolding], args.repo)
                     except DvcError as e:
                         print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
-        records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
+        if args.workspaces:
+            records = workspace_records(args.workspaces, stages)
+        else:
+            records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
         table = aggregate(records, plan, stages, args.reference)
         absent = missing(records, plan, stages)
         if absent:

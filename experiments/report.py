@@ -317,7 +317,8 @@ def comparison_figure(table: dict[str, Any]) -> bytes | None:
             points = sorted((int(k), m[key]) for k, m in st.items() if key in m)
             if points:
                 x = [k + 0.04 * (i - len(staged) / 2) for k, _ in points]  # side by side, so the intervals stay apart
-                ax.errorbar(x, [100 * m["mean"] for _, m in points], yerr=[100 * m["ci95"] for _, m in points],
+                bars = [100 * m["ci95"] if m["ci95"] is not None else 0.0 for _, m in points]  # one seed: no bar
+                ax.errorbar(x, [100 * m["mean"] for _, m in points], yerr=bars,
                             marker="o", ms=3, capsize=2, label=arm)
         ax.set_title(key, fontsize=9)
         ax.set_xlabel("stage")

@@ -42,12 +42,12 @@ def t95(df: int) -> float:
     return float(stats.t.ppf(0.975, df))
 
 
-def mean_ci(values: list[float]) -> dict[str, float]:
-    """Mean and the 95% t-interval half-width (0 for a single value)."""
+def mean_ci(values: list[float]) -> dict[str, float | None]:
+    """Mean and the 95% t-interval half-width; the half-width is None for a single value (no interval, not a zero one)."""
     n = len(values)
     mean = statistics.fmean(values)
     if n < 2:
-        return {"mean": mean, "ci95": 0.0, "n": n}
+        return {"mean": mean, "ci95": None, "n": n}
     return {"mean": mean, "ci95": t95(n - 1) * statistics.stdev(values) / math.sqrt(n), "n": n}
 
 

@@ -5,7 +5,7 @@ import pytest
 import yaml
 
 from experiments.compare import (aggregate, config_summary, experiment_plan, experiment_records, last_stage_result,
-                                 missing, queue_args, render, shared_stages, stage_config, waves)
+                                 missing, queue_args, render, shared_stages, stage_config, waves, workspace_records)
 from experiments.dvc import StageFiles, dvc_env
 
 
@@ -270,3 +270,39 @@ def standin_repo(path, sleep_s: float = 0):
                 ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
         subprocess.run(cmd, cwd=path, check=True, env=env)
     return path
+
+
+def test_workspaces_give_the_records_dvc_exp_show_gives(tmp_path):
+    """A run stopped before DVC saved its experiments is read from their workspaces: the same records, the same table;
+    a metric only one seed reached shows as one seed, not as an interval of zero width."""
+    plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
+    stages = STAGES + [StageFiles(name="generate-instances@1", deps=(), params_files=("data/stages/1/config.yaml",),
+                                  outs=(), metrics=(), plots=())]
+    show = [{"rev": "abc", "experiments": []}]
+    for i, p in enumerate(plan):
+        ws = tmp_path / p["name"]
+        (ws / "data/stages/0").mkdir(parents=True)
+        (ws / "data/stages/1").mkdir(parents=True)
+        params = {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}
+        (ws / "params.yaml").write_text(yaml.safe_dump(params))
+        metrics = {"data/stages/0/benchmark_metrics.json": {"bench": {"acc/3_agents": 0.0}},
+                   "data/stages/1/benchmark_metrics.json": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}
+        if p["seed"] == 0:  # only seed 0 scored its last validation set
+            metrics["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.5, "optimal": 0.25}}
+        for path, data in metrics.items():
+            (ws / path).write_text(json.dumps(data))
+        (ws / "data/stages/1/config.yaml").write_text(yaml.safe_dump({"sizes": {3: {"data_ratio": 1.0}}}))
+        show[0]["experiments"].append({"revs": [{"name": p["name"], "data": {
+            "params": {"params.yaml": {"data": params}, "data/stages/1/config.yaml": {"data": {"sizes": {3: {"data_ratio": 1.0}}}}},
+            "metrics": {path: {"data": data} for path, data in metrics.items()}}}]})
+    (tmp_path / "notes").mkdir()  # a folder without params.yaml is no experiment
+    records = workspace_records(tmp_path, stages)
+    assert [r["name"] for r in records] == sorted(p["name"] for p in plan)
+    by_name = {r["name"]: r for r in experiment_records(show)}
+    assert all(r == by_name[r["name"]] for r in records)
+    table = aggregate(records, plan, stages)
+    assert table == aggregate(experiment_records(show), plan, stages)
+    assert table["heuristic"]["metrics"]["val/valid"] == {"mean": 0.5, "ci95": None, "n": 1}
+    assert "50.0 (one seed)" in render(table) and table["heuristic"]["configs"]["1"]["size"]["mean"] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="no experiment folder"):
+        workspace_records(tmp_path / "notes", stages)
