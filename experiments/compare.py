@@ -103,9 +103,13 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     mine = wait_until_final(read, ("Success", "Failed"), "queue", poll_seconds)
     # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
     succeeded = {name for name, state in mine.items() if state == "Success"}
-    deadline = time.monotonic() + 300
+    started = time.monotonic()
+    deadline = started + 300
     while not succeeded <= set(dvc(["exp", "list", "--name-only"], repo).split()) and time.monotonic() < deadline:
         time.sleep(1.0)
+    if time.monotonic() - started > 5:
+        print(f"{time.strftime('%H:%M:%S')} queue: DVC listed the saved experiments {time.monotonic() - started:.0f} s "
+              "after their tasks ended", flush=True)
     return mine
 
 
@@ -203,7 +207,7 @@ def wait_until_final(read: Any, final: tuple[str, ...], label: str, poll_seconds
         now = read()
         line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(now).items()))
         if line != last:
-            print(f"{label}: {line}", flush=True)
+            print(f"{time.strftime('%H:%M:%S')} {label}: {line}", flush=True)
             last = line
         if all(s in final for s in now.values()):
             return now
@@ -495,7 +499,9 @@ def run(args: argparse.Namespace) -> int:
         if args.run:
             done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
                     if last_stage_result(rec, stages) is not None}
-            for wave in waves(plan, done, shared_stages(stages)):
+            for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
+                began = time.monotonic()
+                print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
                 if args.via == "prefect":
                     states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
                 else:
@@ -507,6 +513,7 @@ def run(args: argparse.Namespace) -> int:
                 if failed:
                     where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"
                     print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
+                print(f"{time.strftime('%H:%M:%S')} wave {number} done in {time.monotonic() - began:.0f} s", flush=True)
                 scaffolding = [item["name"] for item in wave if item.get("targets")]
                 if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
                     try:
