@@ -16,7 +16,7 @@ itself) and the planners of :data:`envgen.planners.PLANNERS` (prioritized planni
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,21 +98,30 @@ def cell_table(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return by_agents
 
 
-def reference_rows(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def reference_outcome(row: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """One benchmark row (its Parquet row) answered by the optimal CBS plan and by every reference planner: per name,
+    the row's cell (agents, size, wait subset) with whether the answer is valid and optimal."""
+    inst = Instance.from_str(row["instance"])
+    base = {"num_agents": row["num_agents"], "size": row["size"], "wait_subset": row["wait_subset"]}
+    cbs = solve(inst, SolverBudget(max_seconds=60))
+    ok = isinstance(cbs, Solved) and cbs.soc == row["optimal_soc"]
+    out = {"optimal (CBS)": {**base, "valid": ok, "optimal": ok}}
+    for name, planner in PLANNERS.items():
+        plan = planner(inst)
+        result = check_plan(inst, plan.moves, row["optimal_soc"]) if isinstance(plan, Planned) else None
+        valid = isinstance(result, Valid)
+        out[name] = {**base, "valid": valid, "optimal": valid and bool(result.optimal)}
+    return out
+
+
+def reference_rows(rows: Sequence[Mapping[str, Any]], mapper: Callable[..., Iterable[Any]] = map) -> dict[str, Any]:
     """The optimal CBS plan and every reference planner on the benchmark ``rows`` (its Parquet rows), as
-    :func:`cell_table` tables by name."""
+    :func:`cell_table` tables by name. ``mapper`` applies :func:`reference_outcome` to the rows (``map``, or a process
+    pool's ``map``: each row is answered on its own, so the tables are the same)."""
     out: dict[str, list[dict]] = {"optimal (CBS)": [], **{name: [] for name in PLANNERS}}
-    for r in rows:
-        inst = Instance.from_str(r["instance"])
-        base = {"num_agents": r["num_agents"], "size": r["size"], "wait_subset": r["wait_subset"]}
-        cbs = solve(inst, SolverBudget(max_seconds=60))
-        ok = isinstance(cbs, Solved) and cbs.soc == r["optimal_soc"]
-        out["optimal (CBS)"].append({**base, "valid": ok, "optimal": ok})
-        for name, planner in PLANNERS.items():
-            plan = planner(inst)
-            result = check_plan(inst, plan.moves, r["optimal_soc"]) if isinstance(plan, Planned) else None
-            valid = isinstance(result, Valid)
-            out[name].append({**base, "valid": valid, "optimal": valid and bool(result.optimal)})
+    for answered in mapper(reference_outcome, rows):
+        for name, outcome in answered.items():
+            out[name].append(outcome)
     return {name: cell_table(rs) for name, rs in out.items()}
 
 

@@ -54,6 +54,10 @@ def test_reference_rows_and_tables():
     assert set(ref) == {"optimal (CBS)", "prioritized", "independent"}
     waits = ref["independent"]["3"]["wait"]
     assert waits["0.75"]["acc"] <= 0.25 + 1e-9  # at most the no-wait quarter: independent paths never wait
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=2) as pool:  # each row answered on its own: a pool gives the same tables
+        assert reference_rows(rows, lambda f, xs: pool.map(f, xs, chunksize=3)) == ref
     text = render_table(ref["prioritized"], "Reference: prioritized")
     assert "| 3 |" in text and "Sum" in text and "wait 0.25" in text
 
