@@ -107,9 +107,10 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     deadline = started + 300
     while not succeeded <= set(dvc(["exp", "list", "--name-only"], repo).split()) and time.monotonic() < deadline:
         time.sleep(1.0)
-    if time.monotonic() - started > 5:
-        print(f"{time.strftime('%H:%M:%S')} queue: DVC listed the saved experiments {time.monotonic() - started:.0f} s "
-              "after their tasks ended", flush=True)
+    waited = time.monotonic() - started
+    if waited > 5:
+        print(f"{time.strftime('%H:%M:%S')} queue: DVC listed the saved experiments {waited:.0f} s after their tasks "
+              "ended", flush=True)
     return mine
 
 
@@ -487,6 +488,8 @@ def run(args: argparse.Namespace) -> int:
         bad = [e for e in engineers if e not in ENGINEERS] + [c for c in contexts or [] if c not in CONTEXTS]
         if bad:
             raise ValueError(f"unknown engineer/context {bad}; engineers {sorted(ENGINEERS)}, contexts {sorted(CONTEXTS)}")
+        if args.run and args.workspaces:
+            raise ValueError("--run and --workspaces: give one (--workspaces only reads experiments already run)")
         if args.jobs < 1:
             raise ValueError(f"--jobs {args.jobs}: must be at least 1")
         extra = parse_overrides(args.set)
@@ -494,8 +497,6 @@ def run(args: argparse.Namespace) -> int:
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item["set"], **extra})
         stages = pipeline_stages(args.repo)
-        if args.run and args.workspaces:
-            raise ValueError("--run and --workspaces: give one (--workspaces only reads experiments already run)")
         if args.run:
             done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
                     if last_stage_result(rec, stages) is not None}
