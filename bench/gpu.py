@@ -15,7 +15,8 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
   kernel (``cudnn``, ``efficient``, ``flash``, ``math``, or ``sdpa`` for PyTorch's own choice; ``static`` alone runs
   the default, ``auto``: the memory-efficient kernel on CUDA; ``policy.attention.set_decode_kernel``).
 
-- ``vllm``: vLLM's offline engine (``LLM.generate`` on token ids, dummy weights of the same shape, CUDA graphs), one
+- ``vllm``: vLLM's offline engine (``LLM.generate`` on token ids, dummy weights of the same shape, CUDA graphs captured
+  up to the largest vLLM batch asked for; vLLM's own default stops at 512), one
   engine per architecture built before its first row (``warmup_s`` of the first row holds the engine's start);
   ``vllm+lora``: the same with a random LoRA adapter (r=64 on every linear layer) applied by vLLM, not merged.
 
@@ -236,6 +237,7 @@ class VLLMEngines:
             self.engines[key] = LLM(model=str(root / "model"), load_format="dummy", skip_tokenizer_init=True,
                                     dtype="bfloat16", max_model_len=self.max_len, max_num_seqs=self.max_batch,
                                     max_num_batched_tokens=max(8192, self.max_len * 8), seed=0,
+                                    compilation_config={"max_cudagraph_capture_size": self.max_batch},
                                     gpu_memory_utilization=self.memory, **options)
         return self.engines[key]
 

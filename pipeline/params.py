@@ -141,8 +141,8 @@ class TrainSettings(_Section):
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
     use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
                                              "uses it on CUDA when vllm is installed.")
-    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm: share of the GPU's memory the colocated "
-                                   "vLLM may take (the trainer keeps the rest).")
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora': share "
+                                   "of the GPU's memory the colocated vLLM may take (the trainer keeps the rest).")
     init: Literal["fresh", "start"] = Field(
         "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
         "train.seed (the base model's behaviour), or 'start', the shared starting policy (data/start/adapter, the start "
@@ -156,13 +156,16 @@ class TrainSettings(_Section):
         "autocast, so their products run in bfloat16 on tensor cores; the adapter's weights stay float32 for the "
         "optimizer. Off, PEFT casts every LoRA layer's input to float32 and autocast casts it back (two copies of the "
         "activations per layer and pass), and GRPO's backend sampling, outside autocast, multiplies in float32. GRPO "
-        "uses it only when it samples through the project's backend (grpo_generation), which enters autocast itself. "
+        "uses it only when it samples through the project's backend (grpo_generation), which enters autocast itself, or "
+        "through vllm-lora. "
         "'auto' or true: on CUDA; ignored on the CPU. Measured on an H200 for the embedded model: GRPO training passes "
         "1.2x faster, warm start 1.12x, the same losses (docs/benchmarks.md).")
-    grpo_generation: Literal["auto", "trl", "backend"] = Field(
+    grpo_generation: Literal["auto", "trl", "backend", "vllm-lora"] = Field(
         "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
         "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "
-        "policy/grpo_rollout.py), 'auto' (backend on CUDA unless vLLM is used, else trl).")
+        "policy/grpo_rollout.py), 'vllm-lora' (CUDA with vLLM: a vLLM engine of the base model, taking "
+        "vllm_gpu_memory of the GPU, applies the trainer's adapter as vLLM LoRA, saved afresh every generation cycle: no "
+        "merge, no weight sync), 'auto' (backend on CUDA unless vLLM is used, else trl).")
     continuous_batching: bool = Field(
         False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
         "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
@@ -199,10 +202,10 @@ class TrainSettings(_Section):
                              f"{steps} (ceil(trajectories / (prompts_per_step * num_generations)) = ceil("
                              f"{self.trajectories} / {self.prompts_per_step * self.num_generations})); choose a divisor "
                              f"of {steps}, e.g. 1, or change train.trajectories")
-        if self.use_vllm is True and self.grpo_generation == "backend":
-            raise ValueError("train.use_vllm = true samples GRPO's completions with vLLM, but train.grpo_generation = "
-                             "'backend' asks for the project's sampler; set grpo_generation to 'auto' or 'trl', or "
-                             "use_vllm to 'auto' or false")
+        if self.use_vllm is True and self.grpo_generation in ("backend", "vllm-lora"):
+            raise ValueError(f"train.use_vllm = true samples GRPO's completions with TRL's colocated vLLM, but "
+                             f"train.grpo_generation = '{self.grpo_generation}' asks for the project's sampler; set "
+                             "grpo_generation to 'auto' or 'trl', or use_vllm to 'auto' or false")
         return self
 
 

@@ -1,5 +1,6 @@
-"""GRPO's generation through the project's transformers backend (params.yaml ``train.grpo_generation: backend``), the
-hook the train step hands to TRL's ``GRPOTrainer(rollout_func=...)``.
+"""GRPO's generation through the project's transformers backend (params.yaml ``train.grpo_generation: backend``) or a
+vLLM engine with the trainer's adapter as vLLM LoRA (``vllm-lora``): the hooks the train step hands to TRL's
+``GRPOTrainer(rollout_func=...)``.
 
 TRL's own transformers generation pads a ``generate`` call with a dynamic KV cache and turns compilation off; on a GPU
 a GRPO step of the embedded model then spends nearly all its time generating (docs/benchmarks.md). The project's
@@ -98,3 +99,118 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
 
     return rollout
+
+
+class VLLMLoRARollout:
+    """A TRL ``rollout_func`` sampling through a vLLM engine of the base model, with the trainer's adapter applied by
+    vLLM's LoRA support (params.yaml ``train.grpo_generation: vllm-lora``; CUDA with vLLM installed).
+
+    Each call (one per generation cycle: ``train.generation_steps`` optimizer steps) writes the adapter as it is then
+    (``save_pretrained``: the LoRA weights only, a few MB) under ``work`` and hands it to the engine as a new
+    ``LoRARequest``: the base weights are never merged, copied or synced, and the previous cycle's adapter folder is
+    removed. The engine starts on the first call (CUDA graphs captured up to ``max_num_seqs`` sequences, so a whole
+    generation cycle decodes in graphs) and stops in :meth:`close`.
+
+    Sampling is seeded once, by the engine (``seed``); vLLM's batching makes it reproducible for the same prompts in
+    the same order, not bit-identical to the transformers backend. Completions end at their first end-of-sequence
+    token (kept, as TRL keeps it); log-probabilities are not returned (TRL then computes them with the trainer's model).
+
+    Args:
+        model: the trainer's PEFT model (its adapter is saved each call).
+        tokenizer: its tokenizer (chat template).
+        base: folder of the base model's weights (``policy.models.resolve_model``).
+        work: folder for the per-cycle adapter copies.
+        max_model_len: longest prompt + completion in tokens.
+        max_num_seqs: completions one call samples (the engine's batch and CUDA-graph limit).
+        gpu_memory: share of the GPU's memory the engine may take (weights, activations, KV cache).
+        engine: an engine to use instead of starting vLLM (tests).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, base: Any, work: Any, max_new_tokens: int, temperature: float,
+                 top_p: float, seed: int, max_model_len: int, max_num_seqs: int, gpu_memory: float,
+                 engine: Any = None) -> None:
+        from pathlib import Path
+
+        self.model, self.tokenizer = model, tokenizer
+        self.base, self.work = str(base), Path(work)
+        self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
+        self.max_model_len, self.max_num_seqs, self.gpu_memory = max_model_len, max_num_seqs, gpu_memory
+        self.engine = engine
+        eos = tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.cycles = 0
+        self.seconds = {"engine_start": 0.0, "adapter_save": 0.0, "generate": 0.0}
+
+    def lora_rank(self) -> int:
+        """The rank vLLM must be prepared for: the trainer's adapter's ``r``."""
+        config = next(iter(self.model.peft_config.values()))
+        return int(config.r)
+
+    def start(self) -> Any:
+        import time
+
+        import vllm
+
+        t0 = time.perf_counter()
+        self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed, gpu_memory_utilization=self.gpu_memory,
+                               max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                               compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
+                               enable_lora=True, max_lora_rank=self.lora_rank(), max_loras=1,
+                               enable_prefix_caching=True)
+        self.seconds["engine_start"] += time.perf_counter() - t0
+        return self.engine
+
+    def __call__(self, prompts: list, trainer: Any) -> dict[str, Any]:
+        if trainer is None:
+            return self.sample(prompts)
+        from trl.extras.profiling import profiling_context
+
+        with profiling_context(trainer, "vllm_lora.generate"):
+            return self.sample(prompts)
+
+    def sample(self, prompts: list) -> dict[str, Any]:
+        import shutil
+        import time
+
+        if len(prompts) > self.max_num_seqs:
+            raise ValueError(f"{len(prompts)} prompts in one GRPO generation call, more than max_num_seqs = "
+                             f"{self.max_num_seqs} the engine was sized for")
+        engine = self.engine if self.engine is not None else self.start()
+        k = self.cycles
+        self.cycles += 1
+        t0 = time.perf_counter()
+        folder = self.work / f"cycle-{k}"
+        self.model.save_pretrained(str(folder))
+        shutil.rmtree(self.work / f"cycle-{k - 1}", ignore_errors=True)
+        t1 = time.perf_counter()
+        ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"]
+               for text in prompt_texts(self.tokenizer, prompts)]
+        outputs = engine.generate([{"prompt_token_ids": x} for x in ids], self.sampling_params(),
+                                  lora_request=self.lora_request(f"grpo-cycle-{k}", k + 1, str(folder)), use_tqdm=False)
+        self.seconds["adapter_save"] += t1 - t0
+        self.seconds["generate"] += time.perf_counter() - t1
+        completion_ids = [cut_completion(list(out.outputs[0].token_ids), self.eos_ids) for out in outputs]
+        return {"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": None}
+
+    def sampling_params(self) -> Any:
+        from vllm import SamplingParams
+
+        return SamplingParams(n=1, max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p)
+
+    @staticmethod
+    def lora_request(name: str, number: int, path: str) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(name, number, path)
+
+    def close(self) -> None:
+        """Stop the engine (frees its share of the GPU) and remove the adapter copies."""
+        import gc
+        import shutil
+
+        core = getattr(getattr(self.engine, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()  # the engine's own process; dropping the last reference would also end it, later
+        self.engine = None
+        gc.collect()
+        shutil.rmtree(self.work, ignore_errors=True)

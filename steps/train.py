@@ -436,7 +436,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     per_step = config.prompts_per_step * config.num_generations
     steps = max(1, math.ceil(config.trajectories / per_step))
     # 'auto' never pairs vLLM with the project's backend sampler: TRL would expect vLLM's sampling log-probabilities
-    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and config.grpo_generation != "backend"
+    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and config.grpo_generation in ("auto", "trl")
                                            and device == "cuda" and _has("vllm"))
     extra = {"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
              "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length} if use_vllm else {}
@@ -444,9 +444,10 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
     backend_sampling = use_backend_generation(config.grpo_generation, device, use_vllm)
-    # only with the project's backend sampling, which enters autocast itself (TRL's own transformers sampling runs
-    # outside autocast, where LoRA layers must cast their inputs; TRL's vLLM path was not measured with it)
-    lora = uses_lora_autocast(config.lora_autocast, device) and backend_sampling
+    # only with the project's samplers: the backend enters autocast itself and vllm-lora never samples from the
+    # trainer's model (TRL's own transformers sampling runs outside autocast, where LoRA layers must cast their inputs;
+    # TRL's vLLM path was not measured with it)
+    lora = uses_lora_autocast(config.lora_autocast, device) and (backend_sampling or config.grpo_generation == "vllm-lora")
     if backend_sampling:
         from policy.grpo_rollout import backend_rollout, longest_prompt
 
@@ -457,6 +458,9 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     world = world_size()
     micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
     passes = accumulation(per_step, micro, world, "train.prompts_per_step x train.num_generations")
+    if config.grpo_generation == "vllm-lora":
+        rollout_func = vllm_lora_rollout(model, tok, data, config, policy, device, work,
+                                         per_call=micro * passes * config.generation_steps)
     args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
                       gradient_accumulation_steps=passes, steps_per_generation=passes * config.generation_steps,
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
@@ -470,8 +474,12 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                           callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
                                                  profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
-    with phase_clock(phases), training_kernels(model, config, device, "grpo", lora):
-        trainer.train()
+    try:
+        with phase_clock(phases), training_kernels(model, config, device, "grpo", lora):
+            trainer.train()
+    finally:
+        if hasattr(rollout_func, "close"):
+            rollout_func.close()
     seconds = time.perf_counter() - start
     rows = reward.rows
     if world > 1:  # each process scored its own share of the completions
@@ -482,8 +490,31 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/phase_seconds"] = phase_profile(phases, clock.seconds)
     metrics["train/step_phase_seconds"] = clock.phases_per_step
-    metrics["train/generation"] = "vllm" if use_vllm else ("backend" if rollout_func is not None else "trl")
+    metrics["train/generation"] = ("vllm" if use_vllm else "vllm-lora" if config.grpo_generation == "vllm-lora"
+                                   else "backend" if rollout_func is not None else "trl")
+    if hasattr(rollout_func, "seconds"):
+        metrics["train/vllm_lora_seconds"] = dict(rollout_func.seconds)
     return metrics, rows
+
+
+def vllm_lora_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+                      device: str, work: Path, per_call: int) -> Any:
+    """GRPO's sampler for ``train.grpo_generation: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`), after
+    checking that it can run here: CUDA, and vLLM importable."""
+    if device != "cuda":
+        raise ValueError(f"train.grpo_generation = 'vllm-lora' samples with vLLM, which needs CUDA, and this train step "
+                         f"runs on {device!r}; set grpo_generation to 'auto' (the project's sampler) or train on a GPU")
+    if not _has("vllm"):
+        raise ValueError("train.grpo_generation = 'vllm-lora' needs vLLM, which is not installed: run "
+                         "`pip install -e '.[gpu]'` on the GPU machine, or set grpo_generation to 'auto'")
+    from policy.grpo_rollout import VLLMLoRARollout
+    from policy.models import resolve_model
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    return VLLMLoRARollout(model, tok, base=resolve_model(policy.model), work=work / "vllm-adapters",
+                           max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=1.0,
+                           seed=config.seed, max_model_len=longest_prompt_tokens(tok, data) + config.max_completion_length,
+                           max_num_seqs=min(per_call, 1024), gpu_memory=config.vllm_gpu_memory)
 
 
 def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:

@@ -71,3 +71,77 @@ def test_backend_rollout_under_autocast_takes_uncast_lora_inputs(tiny_model_dir)
         assert len(out["completion_ids"]) == 2 and all(1 <= len(c) <= 3 for c in out["completion_ids"])
         with pytest.raises(RuntimeError, match="dtype"):
             backend_rollout(model, tok, max_new_tokens=3, temperature=1.0, top_p=1.0, seed=0)(prompts, None)
+
+
+class _FakeVLLM:
+    """Records what a vLLM engine is asked; answers each prompt with fixed token ids (an end token in the middle)."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+        from pathlib import Path
+        from types import SimpleNamespace
+
+        name, number, path = lora_request
+        files = sorted(p.name for p in Path(path).iterdir())
+        self.calls.append({"prompts": [p["prompt_token_ids"] for p in prompts], "params": params, "lora": (name, number),
+                           "files": files, "adapter": Path(path).joinpath("adapter_model.safetensors").read_bytes()})
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(self.answer))]) for _ in prompts]
+
+
+def test_vllm_lora_rollout_hands_the_current_adapter_to_the_engine_every_cycle(tiny_model_dir, tmp_path):
+    """train.grpo_generation = 'vllm-lora': each call saves the trainer's adapter as it is then and names it in a new
+    LoRA request (new id: vLLM caches adapters by id), removes the previous cycle's copy, sends the chat-templated
+    prompts' token ids, and returns completions cut after their first end token; close() removes the copies."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from policy.grpo_rollout import VLLMLoRARollout
+
+    class Rollout(VLLMLoRARollout):  # vLLM's parameter objects, without vLLM
+        def sampling_params(self):
+            return {"max_tokens": self.max_new_tokens, "temperature": self.temperature}
+
+        @staticmethod
+        def lora_request(name, number, path):
+            return (name, number, path)
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir), LoraConfig(r=8, target_modules="all-linear"))
+    eos = tok.eos_token_id
+    engine = _FakeVLLM([7, 8, eos, 9])
+    rollout = Rollout(model, tok, base=tiny_model_dir, work=tmp_path / "adapters", max_new_tokens=4, temperature=1.0,
+                      top_p=1.0, seed=0, max_model_len=512, max_num_seqs=4, gpu_memory=0.3, engine=engine)
+    assert rollout.lora_rank() == 8
+    prompts = [[{"role": "user", "content": "go"}], [{"role": "user", "content": "a longer prompt"}]]
+    out = rollout(prompts, None)
+    expected = [tok(tok.apply_chat_template(p, add_generation_prompt=True, tokenize=False), add_special_tokens=False)
+                ["input_ids"] for p in prompts]
+    assert out == {"prompt_ids": expected, "completion_ids": [[7, 8, eos]] * 2, "logprobs": None}
+    assert engine.calls[0]["prompts"] == expected and engine.calls[0]["params"]["max_tokens"] == 4
+    with torch.no_grad():  # an optimizer step changes the adapter: the next cycle must carry the new weights
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.add_(1.0)
+    rollout(prompts[:1], None)
+    first, second = engine.calls
+    assert first["lora"] == ("grpo-cycle-0", 1) and second["lora"] == ("grpo-cycle-1", 2)
+    assert "adapter_config.json" in first["files"] and "adapter_model.safetensors" in first["files"]
+    assert first["adapter"] != second["adapter"]
+    assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["cycle-1"]  # the previous copy is gone
+    with pytest.raises(ValueError, match="max_num_seqs = 4"):
+        rollout(prompts * 3, None)
+    rollout.close()
+    assert not (tmp_path / "adapters").exists()
+
+
+def test_vllm_lora_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path):
+    """On the CPU (or without vLLM) 'vllm-lora' fails before training with the setting's name and the fix."""
+    from pipeline.params import PolicySettings, TrainSettings
+    from steps.train import vllm_lora_rollout
+
+    with pytest.raises(ValueError, match="grpo_generation = 'vllm-lora'.*set grpo_generation to 'auto'"):
+        vllm_lora_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cpu",
+                          tmp_path, per_call=32)

@@ -164,6 +164,62 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
     assert runs[0] == runs[1] and any(runs[0])
 
 
+def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(tiny_model_dir, stage, tmp_path,
+                                                                                  monkeypatch):
+    """``grpo_generation: vllm-lora`` (an engine that answers like vLLM, as vLLM needs CUDA): TRL trains on the
+    completions it returns, one generation call per cycle with the adapter of that moment, the engine is closed after
+    training and its timings are in the metrics."""
+    import steps.train as train_module
+    from policy.grpo_rollout import VLLMLoRARollout
+
+    made = []
+
+    class Engine:
+        def __init__(self):
+            self.lora = []
+
+        def generate(self, prompts, params, lora_request=None, use_tqdm=True):
+            from types import SimpleNamespace
+
+            self.lora.append(lora_request[1])
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[11, 12, 13])]) for _ in prompts]
+
+    class Rollout(VLLMLoRARollout):
+        def sampling_params(self):
+            return None
+
+        @staticmethod
+        def lora_request(name, number, path):
+            return (name, number, path)
+
+        def close(self):
+            self.closed = True
+            super().close()
+
+    def fake(model, tok, data, config, policy, device, work, per_call):
+        made.append(Rollout(model, tok, base=tiny_model_dir, work=work / "vllm-adapters", max_new_tokens=4,
+                            temperature=1.0, top_p=1.0, seed=0, max_model_len=512, max_num_seqs=per_call,
+                            gpu_memory=0.3, engine=Engine()))
+        return made[-1]
+
+    monkeypatch.setattr(train_module, "vllm_lora_rollout", fake)
+    out = tmp_path / "v"
+    metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                    *tiny(tiny_model_dir, sft=False, grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
+    rollout, = made
+    assert metrics["train/generation"] == "vllm-lora" and metrics["train/trajectories"] == 16
+    assert rollout.engine is None and rollout.closed and rollout.cycles == 1  # 2 steps sampled in one call
+    assert metrics["train/vllm_lora_seconds"]["generate"] >= 0
+    rows = pq.read_table(out / "c.parquet").to_pylist()
+    assert len(rows) == 16 and {r["completion"] for r in rows} == {tok_text(tiny_model_dir, [11, 12, 13])}
+
+
+def tok_text(model_dir, ids):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir).decode(ids, skip_special_tokens=True)
+
+
 def test_backend_generation_setting():
     from steps.train import use_backend_generation
 
