@@ -163,9 +163,11 @@ class TrainSettings(_Section):
     grpo_generation: Literal["auto", "trl", "backend", "vllm-lora"] = Field(
         "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
         "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "
-        "policy/grpo_rollout.py), 'vllm-lora' (CUDA with vLLM: a vLLM engine of the base model, taking "
-        "vllm_gpu_memory of the GPU, applies the trainer's adapter as vLLM LoRA, saved afresh every generation cycle: no "
-        "merge, no weight sync), 'auto' (backend on CUDA unless vLLM is used, else trl).")
+        "policy/grpo_rollout.py), 'vllm-lora' (CUDA with vLLM, one trainer process: a vLLM engine of the base "
+        "model, taking vllm_gpu_memory of the GPU, applies the trainer's adapter as vLLM LoRA, saved afresh every "
+        "generation cycle: no merge, no weight sync; 1.14-1.26x the backend's steady trajectories/s for the embedded "
+        "model on an H200 but 60-100 s more to start, docs/benchmarks.md), 'auto' (backend on CUDA unless vLLM is "
+        "used, else trl).")
     continuous_batching: bool = Field(
         False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
         "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "

@@ -504,6 +504,10 @@ def vllm_lora_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: 
     if device != "cuda":
         raise ValueError(f"train.grpo_generation = 'vllm-lora' samples with vLLM, which needs CUDA, and this train step "
                          f"runs on {device!r}; set grpo_generation to 'auto' (the project's sampler) or train on a GPU")
+    if world_size() > 1:
+        raise ValueError(f"train.grpo_generation = 'vllm-lora' runs one vLLM engine beside one trainer process, and this "
+                         f"launch has {world_size()} processes; set grpo_generation to 'auto' (the project's sampler) or "
+                         "use_vllm to true (TRL's colocated vLLM, one engine per process) for data-parallel GRPO")
     if not _has("vllm"):
         raise ValueError("train.grpo_generation = 'vllm-lora' needs vLLM, which is not installed: run "
                          "`pip install -e '.[gpu]'` on the GPU machine, or set grpo_generation to 'auto'")

@@ -145,3 +145,14 @@ def test_vllm_lora_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp
     with pytest.raises(ValueError, match="grpo_generation = 'vllm-lora'.*set grpo_generation to 'auto'"):
         vllm_lora_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cpu",
                           tmp_path, per_call=32)
+
+
+def test_vllm_lora_generation_refuses_a_data_parallel_launch(tmp_path, monkeypatch):
+    """One engine per trainer: a launch of several processes is refused with the alternatives named."""
+    from pipeline.params import PolicySettings, TrainSettings
+    from steps.train import vllm_lora_rollout
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="2 processes; set grpo_generation to 'auto'"):
+        vllm_lora_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cuda",
+                          tmp_path, per_call=32)
