@@ -236,7 +236,9 @@ class RolloutSettings(_Section):
         "profiling (None: size the cache from vllm_gpu_memory by profiling). Set it when several processes share one "
         "GPU: the profiling stops with 'Error in memory profiling' when another process frees memory meanwhile.")
     base_url: str | None = Field(None, description="openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding the key.")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding "
+                                    "the key (null, or a variable that is not set: no Authorization header, as for a "
+                                    "local `env-engineer serve`).")
 
     @model_validator(mode="after")
     def _endpoint(self) -> RolloutSettings:
@@ -262,7 +264,9 @@ class EngineerSettings(_Section):
     temperature: float = Field(0.7, ge=0, description="LLM sampling temperature (0: greedy).")
     base_url: str | None = Field(None, description="api engineer: OpenAI-compatible endpoint, e.g. https://api.openai.com/v1.")
     api_model: str = Field("gpt-4o-mini", description="api engineer: the endpoint's model name.")
-    api_key_env: str = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key.")
+    api_key_env: str | None = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key "
+                                    "(null, or a variable that is not set: no Authorization header, as for a local "
+                                    "`env-engineer serve`).")
     feasibility_check: bool = Field(True, description="Generate the proposed stage once (same seed as the next stage); "
                                     "sizes whose knobs cannot be generated go back to their previous values, with a note.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for local models.")

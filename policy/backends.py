@@ -409,7 +409,8 @@ class OpenAIBackend:
     Args:
         base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
         model: the endpoint's model name.
-        api_key_env: name of the environment variable holding the key; unset means no ``Authorization`` header.
+        api_key_env: name of the environment variable holding the key; None, empty or unset means no ``Authorization``
+            header.
         max_retries / backoff_s: retries on connection errors, 429 and 5xx, waiting ``backoff_s * 2**k`` (+ jitter).
 
     The key goes to ``base_url``'s host and nowhere else: redirects are never followed (an endpoint that answers with
@@ -420,7 +421,7 @@ class OpenAIBackend:
     name = "openai"
     MAX_REPLY_BYTES = 16_000_000
 
-    def __init__(self, base_url: str, model: str, api_key_env: str = "OPENAI_API_KEY", timeout_s: float = 120.0,
+    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY", timeout_s: float = 120.0,
                  max_retries: int = 5, backoff_s: float = 1.0, extra_body: dict[str, Any] | None = None, **_: Any) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url = {str(base_url)[:80]!r}: must start with http:// or https://")

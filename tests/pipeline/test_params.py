@@ -107,3 +107,13 @@ def test_bad_files_are_errors_that_name_the_file(tmp_path):
 def test_overrides_parse_as_yaml_values():
     assert parse_overrides(["a.b=64", "a.c=false", "a.d=[1, 2]", "a.e=null", "a.f=text"]) == {
         "a.b": 64, "a.c": False, "a.d": [1, 2], "a.e": None, "a.f": "text"}
+
+
+def test_a_keyless_endpoint_is_written_as_an_empty_key_variable():
+    """``--set engineer.api_key_env=`` (a local ``env-engineer serve``, which asks for no key) is accepted: null, and
+    the OpenAI backend then sends no Authorization header."""
+    from policy.backends import OpenAIBackend
+
+    params = load_params(ROOT / "params.yaml", ["engineer.api_key_env=", "rollout.api_key_env=null"])
+    assert params.engineer.api_key_env is None and params.rollout.api_key_env is None
+    assert OpenAIBackend("http://127.0.0.1:1/v1", "m", api_key_env=params.engineer.api_key_env)._key() is None
