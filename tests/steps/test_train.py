@@ -277,8 +277,10 @@ def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
            "--set", "train.max_completion_length=8", "--set", "train.threads=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
-    rank0 = "\n".join(line for line in proc.stderr.splitlines() if "[rank0]" in line)  # a crash there ends rank 1 too
-    assert proc.returncode == 0, rank0[-4000:] + "\n...\n" + proc.stdout[-2000:] + proc.stderr[-3000:]
+    ranks = ["\n".join(line for line in proc.stderr.splitlines() if f"[rank{r}]" in line) for r in (0, 1)]
+    # a crash in one process ends the other too: show each one's own lines, then the launcher's summary
+    assert proc.returncode == 0, (ranks[0][-3000:] + "\n...\n" + ranks[1][-3000:] + "\n...\n" + proc.stdout[-2000:]
+                                  + "\n".join(line for line in proc.stderr.splitlines() if line.startswith("error"))[-2000:] + proc.stderr[-2000:])
     metrics = json.loads((out / "m.json").read_text())
     assert metrics["processes"] == 2 and metrics["sft/tokens"] > 0 and metrics["sft/steps"] >= 1
     assert len(pq.read_table(out / "c.parquet")) == metrics["train/trajectories"] == 8  # both processes' completions
