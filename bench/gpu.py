@@ -246,10 +246,10 @@ class VLLMEngines:
 
         import torch
 
+        from policy.backends import stop_vllm_engine
+
         for engine in self.engines.values():
-            shutdown = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
-            if shutdown is not None and hasattr(shutdown, "shutdown"):
-                shutdown.shutdown()
+            stop_vllm_engine(engine)
         self.engines.clear()
         gc.collect()
         torch.cuda.empty_cache()

@@ -396,6 +396,14 @@ class VLLMBackend:
         return out
 
 
+def stop_vllm_engine(engine: Any) -> None:
+    """End a vLLM ``LLM``'s engine process now (it holds its share of the GPU); dropping the last reference to the
+    engine would also end it, but later."""
+    core = getattr(getattr(engine, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+
+
 def lora_rank(adapter: str | Path) -> int:
     """The LoRA rank ``r`` of a PEFT adapter folder (vLLM must be told the largest rank it will serve)."""
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())

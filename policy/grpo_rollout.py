@@ -24,6 +24,12 @@ def cut_completion(ids: list[int], eos_ids: set[int]) -> list[int]:
     return ids
 
 
+def eos_token_ids(tokenizer: Any) -> set[int]:
+    """The tokenizer's end-of-sequence token ids (it may name one or several)."""
+    eos = tokenizer.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos]) - {None}
+
+
 def prompt_texts(tokenizer: Any, prompts: list) -> list[str]:
     """Chat-templated prompt texts (conversations get the generation prompt; strings pass through)."""
     return [p if isinstance(p, str) else tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=False)
@@ -69,8 +75,7 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
         return backends[device]
 
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, stop=())
-    eos = tokenizer.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+    eos_ids = eos_token_ids(tokenizer)
     calls = itertools.count()
 
     def rollout(prompts: list, trainer: Any) -> dict[str, Any]:
@@ -136,8 +141,7 @@ class VLLMLoRARollout:
         self.max_new_tokens, self.temperature, self.top_p, self.seed = max_new_tokens, temperature, top_p, seed
         self.max_model_len, self.max_num_seqs, self.gpu_memory = max_model_len, max_num_seqs, gpu_memory
         self.engine = engine
-        eos = tokenizer.eos_token_id
-        self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
+        self.eos_ids = eos_token_ids(tokenizer)
         self.cycles = 0
         self.seconds = {"engine_start": 0.0, "adapter_save": 0.0, "generate": 0.0}
 
@@ -208,9 +212,9 @@ class VLLMLoRARollout:
         import gc
         import shutil
 
-        core = getattr(getattr(self.engine, "llm_engine", None), "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):
-            core.shutdown()  # the engine's own process; dropping the last reference would also end it, later
+        from policy.backends import stop_vllm_engine
+
+        stop_vllm_engine(self.engine)
         self.engine = None
         gc.collect()
         shutil.rmtree(self.work, ignore_errors=True)
