@@ -126,7 +126,8 @@ class VLLMLoRARollout:
         base: folder of the base model's weights (``policy.models.resolve_model``).
         work: folder for the per-cycle adapter copies.
         max_model_len: longest prompt + completion in tokens.
-        max_num_seqs: completions one call samples (the engine's batch and CUDA-graph limit).
+        max_num_seqs: sequences the engine decodes at once, and its CUDA graphs' largest batch (the train step gives
+            a generation cycle's completions, at most 1,024); a call with more prompts queues the rest in the engine.
         gpu_memory: share of the GPU's memory the engine may take (weights, activations, KV cache).
         engine: an engine to use instead of starting vLLM (tests).
     """
@@ -176,9 +177,6 @@ class VLLMLoRARollout:
         import shutil
         import time
 
-        if len(prompts) > self.max_num_seqs:
-            raise ValueError(f"{len(prompts)} prompts in one GRPO generation call, more than max_num_seqs = "
-                             f"{self.max_num_seqs} the engine was sized for")
         engine = self.engine if self.engine is not None else self.start()
         k = self.cycles
         self.cycles += 1

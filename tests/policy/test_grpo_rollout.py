@@ -131,8 +131,7 @@ def test_vllm_lora_rollout_hands_the_current_adapter_to_the_engine_every_cycle(t
     assert "adapter_config.json" in first["files"] and "adapter_model.safetensors" in first["files"]
     assert first["adapter"] != second["adapter"]
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["cycle-1"]  # the previous copy is gone
-    with pytest.raises(ValueError, match="max_num_seqs = 4"):
-        rollout(prompts * 3, None)
+    assert len(rollout(prompts * 3, None)["completion_ids"]) == 6  # more than max_num_seqs: the engine queues them
     rollout.close()
     assert not (tmp_path / "adapters").exists()
 
