@@ -185,8 +185,7 @@ class VLLMLoRARollout:
         self.model.save_pretrained(str(folder))
         shutil.rmtree(self.work / f"cycle-{k - 1}", ignore_errors=True)
         t1 = time.perf_counter()
-        ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"]
-               for text in prompt_texts(self.tokenizer, prompts)]
+        ids = self.tokenizer(prompt_texts(self.tokenizer, prompts), add_special_tokens=False)["input_ids"]
         outputs = engine.generate([{"prompt_token_ids": x} for x in ids], self.sampling_params(),
                                   lora_request=self.lora_request(f"grpo-cycle-{k}", k + 1, str(folder)), use_tqdm=False)
         self.seconds["adapter_save"] += t1 - t0
