@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from envgen.files import atomic_write_text
-from experiments.dvc import DvcError, StageFiles, dvc, pipeline_stages, stage_named
+from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, pipeline_stages, stage_named
 from experiments.stats import mean_ci
 from pipeline.params import ParamsError, load_params, parse_overrides
 
@@ -498,7 +498,7 @@ def run(args: argparse.Namespace) -> int:
             load_params(args.repo / "params.yaml", {**item["set"], **extra})
         stages = pipeline_stages(args.repo)
         if args.run:
-            done = {rec["name"] for rec in experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
+            done = {rec["name"] for rec in experiment_records(experiments_shown(args.repo))
                     if last_stage_result(rec, stages) is not None}
             for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
                 began = time.monotonic()
@@ -524,7 +524,7 @@ def run(args: argparse.Namespace) -> int:
         if args.workspaces:
             records = workspace_records(args.workspaces, stages)
         else:
-            records = experiment_records(json.loads(dvc(["exp", "show", "--json"], args.repo)))
+            records = experiment_records(experiments_shown(args.repo))
         table = aggregate(records, plan, stages, args.reference)
         absent = missing(records, plan, stages)
         if absent:

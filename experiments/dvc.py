@@ -3,14 +3,17 @@
 :func:`pipeline_stages` gives every stage of the pipeline (``foreach`` items expanded, ``train@0``) in an order that
 runs each after the stages it depends on, with the files it reads and writes as DVC declares them; the Prefect flow,
 the comparison and the report find their stages and files through it. :func:`dvc` runs a ``dvc`` command and tells a
-busy repository (worth retrying) from a failure.
+busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json`` while other
+experiments may be running in the same repository.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +73,32 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None) -> str:
         kind = DvcBusy if any(marker in output for marker in BUSY_MARKERS) else DvcError
         raise kind(f"dvc {' '.join(args)} failed (exit {proc.returncode}):\n{tail}")
     return proc.stdout
+
+
+VANISHED_RUN_MARKER = "/.dvc/tmp/exps/"
+"""Where DVC keeps the working copies of ``dvc exp run --temp`` runs. ``dvc exp show`` opens the copy of every running
+experiment; when one finishes between being listed and being opened, DVC fails with "No such file or directory" on its
+copy. Reading again then succeeds (the finished experiment is read from git like the others)."""
+
+
+def experiments_shown(repo: str | Path, attempts: int = 5, wait_s: float = 2.0) -> list:
+    """``dvc exp show --json`` in ``repo``, parsed. Several experiments may be running beside it (one Prefect worker per
+    GPU): a read that fails because one of them finished while DVC was opening its working copy, or because another
+    command held DVC's lock, is tried again, up to ``attempts`` times ``wait_s`` seconds apart; any other failure, or
+    the last one, raises :class:`DvcError`."""
+    if attempts < 1:
+        raise ValueError(f"attempts={attempts}: must be at least 1")
+    for attempt in range(1, attempts + 1):
+        try:
+            return json.loads(dvc(["exp", "show", "--json"], repo))
+        except DvcBusy:
+            if attempt == attempts:
+                raise
+        except DvcError as e:
+            if attempt == attempts or not ("No such file or directory" in str(e) and VANISHED_RUN_MARKER in str(e)):
+                raise
+        time.sleep(wait_s)
+    raise AssertionError("unreachable")
 
 
 def pipeline_stages(repo: str | Path) -> list[StageFiles]:

@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 
-from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, pipeline_stages  # noqa: E402
+from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, experiments_shown, pipeline_stages  # noqa: E402
 
 
 def only_transient(task, task_run, state) -> bool:
@@ -141,7 +141,7 @@ def experiment(sets: list[str], repo: str) -> str:
         if task_run.run_count <= 1 or "conflicts with existing experiment" not in str(e):
             raise
         output = f"saved by the attempt before this retry:\n{e}"
-    shown = dvc(["exp", "show", "--json"], Path(repo))
+    shown = json.dumps(experiments_shown(Path(repo)), indent=1)  # other workers' experiments may be running beside it
     create_markdown_artifact(key="experiment", markdown=f"```\n{output[-3000:]}\n```\n\n```json\n{shown[:6000]}\n```")
     return output
 

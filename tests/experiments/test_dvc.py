@@ -38,3 +38,41 @@ def test_stages_come_from_dvc_yaml_in_an_order_that_runs_each_after_its_inputs(p
 def test_dvc_errors_hold_the_output(project):
     with pytest.raises(DvcError, match="no-such-stage"):
         dvc(["repro", "--dry", "no-such-stage"], project)
+
+
+def test_exp_show_is_read_again_when_a_running_experiment_finishes_while_it_is_read(monkeypatch):
+    """`dvc exp show` opens each running `--temp` experiment's working copy; one that finished meanwhile makes it fail
+    with ENOENT on that copy (seen with two Prefect workers). That read is retried; any other failure is not."""
+    import experiments.dvc as module
+
+    vanished = DvcError("dvc exp show --json failed (exit 255):\nERROR: unexpected error - [Errno 2] No such file or "
+                        "directory: '/r/repo/.dvc/tmp/exps/standalone/tmp522n38l0'")
+    calls = []
+
+    def fake(outcomes):
+        def run(args, repo, timeout=None):
+            calls.append(args)
+            outcome = outcomes[min(len(calls), len(outcomes)) - 1]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
+        return run
+
+    monkeypatch.setattr(module, "dvc", fake([vanished, module.DvcBusy("Unable to acquire lock"), '[{"rev": "workspace"}]']))
+    assert module.experiments_shown("/r/repo", wait_s=0) == [{"rev": "workspace"}]
+    assert calls == [["exp", "show", "--json"]] * 3
+
+    calls.clear()
+    monkeypatch.setattr(module, "dvc", fake([vanished]))
+    with pytest.raises(DvcError, match="tmp522n38l0"):
+        module.experiments_shown("/r/repo", attempts=4, wait_s=0)
+    assert len(calls) == 4
+
+    calls.clear()
+    other = DvcError("dvc exp show --json failed (exit 255):\nERROR: [Errno 2] No such file or directory: 'params.yaml'")
+    monkeypatch.setattr(module, "dvc", fake([other, '[]']))
+    with pytest.raises(DvcError, match="params.yaml"):
+        module.experiments_shown("/r/repo", wait_s=0)
+    assert len(calls) == 1
+    with pytest.raises(ValueError, match="attempts=0"):
+        module.experiments_shown("/r/repo", attempts=0)
