@@ -232,56 +232,65 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
     parents = [-1]
     keys = [start]
     best = {start: 0}  # key -> g * _SCALE + conflicts of its best entry (time-free keys can be reached at several g)
-    # Open states by level: the heap holds those with f <= level, ordered by (conflicts, -g); the others wait in
-    # `later`, by f, until the level rises to them (most never are: the first level usually has a path).
+    # Open states by level: the heap holds those with f <= level, ordered by (conflicts, -g, order of admission). A
+    # move to f > level waits in `later`, by f, unchecked, until the level rises to f (most never do: the first level
+    # usually has a path); then the moves of that level are checked in the order they were made and admitted.
     level = bound
     heap: list[tuple[int, int, int]] = [(0, 0, 0)]
-    later: dict[int, list[tuple[int, int, int]]] = {}
+    later: dict[int, list[tuple[int, int, int, int, int, int]]] = {}
+    batch: list[tuple[int, int, int, int, int, int]] = []
     pop, push = heapq.heappop, heapq.heappush
     while True:
-        if not heap:
-            if not later:
-                return None
-            level = min(later)
-            heap = later.pop(level)
-            heapq.heapify(heap)
-        conf, negt, idx = pop(heap)
-        key = keys[idx]
-        t = -negt
-        if best[key] < t * _SCALE + conf:
-            continue  # reached again, earlier or with fewer conflicts
-        u = cells[idx]
-        if u == goal and t >= hold and key >= 0:
-            return _trace(cells, parents, idx)
-        if t >= static:
-            if blocked is None and u != goal:
-                path = _trace(cells, parents, idx)
-                while u != goal:
-                    du = h[u] - 1
-                    u = next(v for v in options[u] if h[v] == du)
-                    path.append(u)
-                return path
-            tt = static
-        else:
-            tt = t + 1
-        nt = t + 1
-        base = tt * ncell
-        here = nt * ncell
-        rank0 = nt * _SCALE
-        constrained = nt <= last
-        waits = t < static
-        on_goal = u == goal
-        for v in options[u]:
-            if v == u:
-                if not waits:
-                    continue
-                k = -base - v - 1 if on_goal else base + v  # waiting on the goal is not an arrival
+        if heap:
+            conf, negt, idx = pop(heap)
+            key = keys[idx]
+            t = -negt
+            if best[key] < t * _SCALE + conf:
+                continue  # reached again, earlier or with fewer conflicts
+            u = cells[idx]
+            if u == goal and t >= hold and key >= 0:
+                return _trace(cells, parents, idx)
+            if t >= static:
+                if blocked is None and u != goal:
+                    path = _trace(cells, parents, idx)
+                    while u != goal:
+                        du = h[u] - 1
+                        u = next(v for v in options[u] if h[v] == du)
+                        path.append(u)
+                    return path
+                tt = static
             else:
-                k = base + v
-            f = nt + h[v]
-            if f > max_cost:
-                continue
-            if constrained:
+                tt = t + 1
+            nt = t + 1
+            base = tt * ncell
+            waits = t < static
+            on_goal = u == goal
+            batch.clear()
+            for v in options[u]:
+                if v == u:
+                    if not waits:
+                        continue
+                    k = -base - v - 1 if on_goal else base + v  # waiting on the goal is not an arrival
+                else:
+                    k = base + v
+                f = nt + h[v]
+                if f > level:
+                    if f <= max_cost:
+                        if f in later:
+                            later[f].append((conf, nt, u, v, k, idx))
+                        else:
+                            later[f] = [(conf, nt, u, v, k, idx)]
+                    continue
+                batch.append((conf, nt, u, v, k, idx))
+            moves_now = batch
+        elif later:
+            level = min(later)
+            moves_now = later.pop(level)
+        else:
+            return None
+        for conf, nt, u, v, k, idx in moves_now:
+            here = nt * ncell
+            if nt <= last:
                 if here + v in vcons:
                     continue
                 if econs and v != u and (here + u) * ncell + v in econs:
@@ -298,17 +307,12 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
                     c += 1
                 if v != u and moves:
                     c += moves.get((here + v) * ncell + u, 0)
-            rank = rank0 + c
+            rank = nt * _SCALE + c
             old = best.get(k)
             if old is not None and old <= rank:
                 continue
             best[k] = rank
-            if f <= level:
-                push(heap, (c, -nt, len(cells)))
-            elif f in later:
-                later[f].append((c, -nt, len(cells)))
-            else:
-                later[f] = [(c, -nt, len(cells))]
+            push(heap, (c, -nt, len(cells)))
             cells.append(v)
             parents.append(idx)
             keys.append(k)
