@@ -274,14 +274,14 @@ def find_path(grid: Grid, h: list[int], start: int, goal: int, cons: AgentConstr
                 else:
                     k = base + v
                 f = nt + h[v]
-                if f > level:
-                    if f <= max_cost:
-                        if f in later:
-                            later[f].append((conf, nt, u, v, k, idx))
-                        else:
-                            later[f] = [(conf, nt, u, v, k, idx)]
-                    continue
-                batch.append((conf, nt, u, v, k, idx))
+                move = (conf, nt, u, v, k, idx)
+                if f <= level:
+                    batch.append(move)
+                elif f <= max_cost:
+                    if f in later:
+                        later[f].append(move)
+                    else:
+                        later[f] = [move]
             moves_now = batch
         elif later:
             level = min(later)

@@ -88,17 +88,15 @@ def experiments_shown(repo: str | Path, attempts: int = 5, wait_s: float = 2.0) 
     the last one, raises :class:`DvcError`."""
     if attempts < 1:
         raise ValueError(f"attempts={attempts}: must be at least 1")
-    for attempt in range(1, attempts + 1):
+    for _ in range(attempts - 1):
         try:
             return json.loads(dvc(["exp", "show", "--json"], repo))
-        except DvcBusy:
-            if attempt == attempts:
-                raise
         except DvcError as e:
-            if attempt == attempts or not ("No such file or directory" in str(e) and VANISHED_RUN_MARKER in str(e)):
+            vanished = "No such file or directory" in str(e) and VANISHED_RUN_MARKER in str(e)
+            if not (vanished or isinstance(e, DvcBusy)):
                 raise
         time.sleep(wait_s)
-    raise AssertionError("unreachable")
+    return json.loads(dvc(["exp", "show", "--json"], repo))
 
 
 def pipeline_stages(repo: str | Path) -> list[StageFiles]:
