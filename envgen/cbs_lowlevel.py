@@ -327,12 +327,45 @@ def may_pass_blocks(grid: Grid, start: int, goal: int, blocked: tuple[tuple[int,
     A relaxation: at ``T``, the latest block's time, any such path is on a cell no block covers (or on its goal,
     never a blocked cell), reachable from ``start`` within ``T`` steps, and from there reaches ``goal`` without
     entering a blocked cell. If no cell is all three, no path exists. True says nothing (the search decides)."""
-    side = _goal_side(grid, goal, frozenset([cell for cell, _ in blocked]))
-    if side[start]:
+    walls = frozenset([cell for cell, _ in blocked])
+    if _walk_round(grid, start, goal, walls):
         return True  # it may wait on its start until T, then walk round the blocked cells
+    side = _goal_side(grid, goal, walls)
     latest = max(t for _, t in blocked)
     reach = grid.distances_from(start)
     return any(side[u] and 0 <= reach[u] <= latest for u in range(len(reach)))
+
+
+def _walk_round(grid: Grid, start: int, goal: int, walls: frozenset[int]) -> bool:
+    """Whether ``start`` reaches ``goal`` without entering a wall (the goal itself may be one), i.e. ``_goal_side(grid,
+    goal, walls)[start]``, found by a depth-first walk that tries the cells nearer the goal first: where the walls
+    leave a way, it follows it in about the distance's steps instead of flooding the whole map."""
+    if start == goal:
+        return True
+    if start in walls:
+        return False
+    h = grid.distances_from(goal)
+    if h[start] < 0:
+        return False
+    nbrs = grid.neighbors
+    seen = {start}
+    stack = [start]
+    while stack:
+        u = stack.pop()
+        down = h[u] - 1
+        nearer = -1
+        for v in nbrs[u]:
+            if v == goal:
+                return True
+            if v not in seen and v not in walls:
+                seen.add(v)
+                if nearer < 0 and h[v] == down:
+                    nearer = v
+                else:
+                    stack.append(v)
+        if nearer >= 0:
+            stack.append(nearer)  # popped next: a step toward the goal
+    return False
 
 
 @lru_cache(maxsize=4096)

@@ -432,6 +432,29 @@ def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monke
     assert find_path(corridor, corridor.distances_from(4), 0, 4, later, None) == [0, 1, 2, 3, 4]
 
 
+def test_the_walk_round_the_walls_agrees_with_the_flood_from_the_goal():
+    """_walk_round (a walk toward the goal, may_pass_blocks' quick answer) says yes exactly where the flood from the
+    goal (_goal_side) reaches the start: random boards and walls, the start or the goal on a wall too."""
+    from envgen.cbs_lowlevel import _goal_side, _walk_round
+
+    rng = random.Random(5)
+    reached = cut_off = 0
+    for _ in range(600):
+        n = rng.randint(2, 12)
+        rows = tuple("".join("H" if rng.random() < 0.25 else "F" for _ in range(n)) for _ in range(n))
+        grid = grid_of(rows)
+        free = [c for c, ok in enumerate(grid.free) if ok]
+        if len(free) < 2:
+            continue
+        start, goal = rng.choice(free), rng.choice(free)
+        walls = frozenset(rng.sample(free, rng.randint(0, max(1, len(free) // 3))))
+        want = bool(_goal_side(grid, goal, walls)[start])
+        assert _walk_round(grid, start, goal, walls) == want, (rows, start, goal, sorted(walls))
+        reached += want
+        cut_off += not want
+    assert reached > 100 and cut_off > 100
+
+
 def test_with_blocked_keeps_the_earliest_time_per_cell_sorted_by_cell():
     """Against a dictionary of cell -> earliest time: the same pairs, sorted, whatever the order they came in."""
     rng = random.Random(3)
