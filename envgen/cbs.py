@@ -28,6 +28,7 @@ Every search has a budget (:class:`SolverBudget`): high-level nodes and seconds.
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass
 from enum import Enum
@@ -184,8 +185,20 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
     >>> (r.soc, r.makespan, r.shortest, r.needs_wait)
     (7, 4, (2, 2), True)
     """
-    budget = budget or DEFAULT_BUDGET
-    options = options or DEFAULT_OPTIONS
+    # The search allocates millions of small objects and frees them by reference counting; the cyclic collector's
+    # passes over the growing memo tables found next to nothing to free (a few closures) and took 15% of a 62-agent
+    # solve. It is paused while the solve runs (process-wide: other threads' cycles wait until the solve returns)
+    # and restored as it was.
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _solve(instance, budget or DEFAULT_BUDGET, options or DEFAULT_OPTIONS)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> SolveResult:
     grid = grid_of(instance.rows)
     n = instance.num_agents
     starts = [grid.index(c) for c in instance.starts]

@@ -74,6 +74,38 @@ def test_budgets_end_in_unproven_unsolved_never_a_plan():
     assert isinstance(result, Unsolved) and result.reason is UnsolvedReason.TIME_BUDGET
 
 
+def test_the_cyclic_collector_is_paused_during_a_solve_and_restored_after(monkeypatch):
+    """solve pauses Python's cyclic garbage collector while it searches and leaves it as it found it, on or off,
+    also when the search raises."""
+    import gc
+
+    import envgen.cbs as cbs
+
+    corridor = Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
+    seen = []
+    real = cbs.CBS.start
+
+    def spy(self):
+        seen.append(gc.isenabled())
+        return real(self)
+
+    monkeypatch.setattr(cbs.CBS, "start", spy)
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            assert isinstance(solve(corridor), Solved)
+            assert gc.isenabled() is state
+        gc.enable()
+        monkeypatch.setattr(cbs.CBS, "start", lambda self: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            solve(corridor)
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen == [False, False]
+
+
 def test_budget_validation():
     with pytest.raises(ValueError, match="max_nodes"):
         SolverBudget(max_nodes=0)
