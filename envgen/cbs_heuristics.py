@@ -79,6 +79,7 @@ def _exact_cover(comp: list[int], adj: dict[int, dict[int, int]]) -> int:
         x[i] = 0
 
     go(0, 0)
+    go = None  # the closure refers to itself: left to the cyclic collector otherwise, which solve() pauses
     return best[0]
 
 
