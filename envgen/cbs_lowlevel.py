@@ -434,20 +434,24 @@ def build_mdd(grid: Grid, h: list[int], start: int, goal: int, cost: int, cons: 
     if cost == 1 and start == goal:
         return None  # an agent on its goal at time 0 cannot arrive there last at time 1
     forward: list[set[int]] = [{start}]
+    free_after = INF if blocked else cons.last  # from here on no constraint applies: no checks but the distance
     for t in range(1, cost + 1):
         room = cost - t
         base = t * ncell
-        nxt: set[int] = set()
-        for u in forward[-1]:
-            for v in options[u]:
-                if v in nxt or h[v] > room or base + v in vcons:
-                    continue
-                if econs and v != u and (base + u) * ncell + v in econs:
-                    continue
-                since = blocked.get(v)
-                if since is not None and t >= since:
-                    continue
-                nxt.add(v)
+        if t > free_after:
+            nxt = {v for u in forward[-1] for v in options[u] if h[v] <= room}
+        else:
+            nxt = set()
+            for u in forward[-1]:
+                for v in options[u]:
+                    if v in nxt or h[v] > room or base + v in vcons:
+                        continue
+                    if econs and v != u and (base + u) * ncell + v in econs:
+                        continue
+                    since = blocked.get(v)
+                    if since is not None and t >= since:
+                        continue
+                    nxt.add(v)
         if t == cost - 1:
             nxt.discard(goal)
         if not nxt:
@@ -457,8 +461,12 @@ def build_mdd(grid: Grid, h: list[int], start: int, goal: int, cost: int, cons: 
         return None
     levels: list[frozenset[int]] = [frozenset()] * (cost + 1)
     levels[cost] = frozenset((goal,))
+    edges_until = cons.last if econs else -1  # moves into t + 1 beyond it are never forbidden
     for t in range(cost - 1, -1, -1):
         after = levels[t + 1]
+        if t + 1 > edges_until:
+            levels[t] = frozenset([u for u in forward[t] if not after.isdisjoint(options[u])])
+            continue
         base = (t + 1) * ncell
         keep = set()
         for u in forward[t]:
