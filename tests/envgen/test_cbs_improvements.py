@@ -207,6 +207,22 @@ def test_the_table_kept_across_nodes_equals_a_fresh_one():
         assert kept.park == fresh.park and kept.moves == fresh.moves and kept.horizon == fresh.horizon
 
 
+def test_the_table_counts_in_bytes_below_256_agents_and_in_a_list_beyond():
+    """Each agent is on one cell at a time, so no count passes the number of agents: a byte per (time, cell) holds it
+    below 256 agents; 300 agents all on one cell at once count to 300 in the list."""
+    small, large = ConflictAvoidanceTable(3, 255), ConflictAvoidanceTable(3, 300)
+    assert type(small.occ) is bytearray and type(large.occ) is list
+    for a in range(255):
+        small.add(a, [0, 1, 2])
+    for a in range(300):
+        large.add(a, [1, 1, 2, 2])
+    assert small.occ[1 * 3 + 1] == 255 and small.tlen == 3
+    assert large.occ[0 * 3 + 1] == 300 and large.occ[3 * 3 + 2] == 300 and large.tlen == 4
+    for a in range(300):
+        large.remove(a)
+    assert not any(large.occ) and not large.moves and large.horizon == 0
+
+
 def _all_paths(grid, start: int, goal: int, cost: int, cons: AgentConstraints) -> list[list[int]]:
     """Every path of exactly ``cost`` (last arrival at ``cost``) that obeys ``cons``, by enumeration."""
     ncell = len(grid.free)
