@@ -6,7 +6,9 @@
 Stages: (1) the warm start alone (the train step with ``train.grpo=false``), evaluated; (2) GRPO from that adapter
 (``train.sft=false``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params``, with ``--set``. Evaluation is greedy decoding of every held-out instance with the adapter merged,
 scored by the simulator; beside it the independent-shortest-path planner and the optimum on the same instances.
-Writes ``OUT/results.json`` and prints a table. A script, not a test: real runs belong on a GPU.
+Writes ``OUT/results.json`` (``results-grpo.json`` or ``results-sft.json`` when a stage is skipped), each stage's
+details (``details-sft.json``, ``details-grpo.json``: seconds per step and, for GRPO, per phase) and histories, and
+prints a table. A script, not a test: real runs belong on a GPU.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ def main() -> int:
     if not args.skip_sft:
         sft_cfg = cfg.model_copy(update={"grpo": False})
         report["sft_metrics"] = train(args.train, out / "adapter-sft", out / "completions-sft.parquet", out / "metrics-sft.json",
-                                      sft_cfg, policy)
+                                      sft_cfg, policy, out_details=out / "details-sft.json",
+                                      out_sft_history=out / "history-sft.json")
         report["sft"] = evaluate("sft", policy, out / "adapter-sft", evals, out, args.eval_max_new_tokens, args.eval_batch_size,
                                  args.eval_cache)
         (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
@@ -116,7 +119,8 @@ def main() -> int:
     if not args.skip_grpo:
         grpo_cfg = cfg.model_copy(update={"sft": False})
         report["grpo_metrics"] = train(args.train, out / "adapter-grpo", out / "completions-grpo.parquet", out / "metrics-grpo.json",
-                                       grpo_cfg, policy, init_adapter=start_adapter)
+                                       grpo_cfg, policy, init_adapter=start_adapter, out_details=out / "details-grpo.json",
+                                       out_grpo_history=out / "history-grpo.json")
         report["grpo"] = evaluate("grpo", policy, out / "adapter-grpo", evals, out, args.eval_max_new_tokens, args.eval_batch_size,
                                   args.eval_cache)
     name = "results.json" if not (args.skip_sft or args.skip_grpo) else f"results-{'grpo' if args.skip_sft else 'sft'}.json"
