@@ -198,6 +198,13 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
             gc.enable()
 
 
+AGREE_FIRST = 8
+"""Up to this many agents, :func:`solve` first checks whether the agents' plain shortest paths already agree (every
+pair, as :func:`shortest_paths_agree`): then that is the plan every search would return, without grouping the agents
+and starting a search per group (a third of a dense 5-agent benchmark set, 22 us a solve before). Beyond it, checking
+every pair costs more than it saves."""
+
+
 def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> SolveResult:
     grid = grid_of(instance.rows)
     n = instance.num_agents
@@ -209,6 +216,11 @@ def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> Sol
         a = next(i for i, d in enumerate(shortest) if d == UNREACHABLE)
         return Unsolved(UnsolvedReason.NO_PATH, f"agent {a + 1}: goal {instance.goals[a]} cannot be reached from {instance.starts[a]}", 0,
                         tuple(None if d == UNREACHABLE else d for d in shortest))
+    if n <= AGREE_FIRST:
+        # What every group's search would start from and, when no two of them collide, return at once
+        paths = [shortest_path(grid, h, s, g) for h, s, g in zip(hs, starts, goals)]
+        if first_conflict(paths) is None:
+            return _solved(grid, paths, 0, shortest, "cbs")
     deadline = time.perf_counter() + budget.max_seconds
     # Agent b shares agent a's component iff b's start is reachable from a's goal.
     group_of = list(range(n))
@@ -232,10 +244,14 @@ def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> Sol
         methods.add(got.method)
         for a, path in zip(agents, got.paths):
             paths[a] = path
+    return _solved(grid, paths, nodes, shortest, "joint" if "joint" in methods else "cbs")
+
+
+def _solved(grid: Grid, paths: list[list[int]], nodes: int, shortest: tuple[int, ...], method: str) -> Solved:
     width = grid.width
     cells = tuple([tuple([divmod(p, width) for p in path]) for path in paths])
     costs = [len(p) - 1 for p in paths]
-    return Solved(cells, sum(costs), max(costs), nodes, shortest, "joint" if "joint" in methods else "cbs")
+    return Solved(cells, sum(costs), max(costs), nodes, shortest, method)
 
 
 def shortest_paths_agree(instance: Instance) -> bool:
