@@ -201,8 +201,8 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
 AGREE_FIRST = 8
 """Up to this many agents, :func:`solve` first checks whether the agents' plain shortest paths already agree (every
 pair, as :func:`shortest_paths_agree`): then that is the plan every search would return, without grouping the agents
-and starting a search per group (a third of a dense 5-agent benchmark set, 22 us a solve before). Beyond it, checking
-every pair costs more than it saves."""
+and starting a search per group (a third of a dense 5-agent benchmark set, 22 us a solve before, 12 after). Beyond it
+the check, which grows with the square of the agents, is skipped: crowded maps rarely have agreeing paths."""
 
 
 def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> SolveResult:
