@@ -172,10 +172,10 @@ class TrainSettings(_Section):
         False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
         "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
         "H100 for the embedded model's shape with full-length completions (docs/benchmarks.md).")
-    torch_compile: bool | Literal["sft"] = Field(
+    torch_compile: bool | Literal["sft", "grpo"] = Field(
         False, description="torch.compile the model for the training passes (TrainingArguments.torch_compile): true for "
-        "both phases, 'sft' for the warm start only. On an H100 with batches padded to multiples of 128 the warm start's "
-        "steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
+        "both phases, 'sft' for the warm start only, 'grpo' for GRPO only. On an H100 with batches padded to multiples "
+        "of 128 the warm start's steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
         "hundred steps on. GRPO steps ran slower with the whole model compiled; with compile_scope 'layers' and GRPO "
         "sampling through vllm-lora, a training-only GRPO step ran 1.31x faster on an H200 (the embedded model, passes of "
         "128; docs/benchmarks.md). Not measured with the backend sampler, whose decode would run through the compiled "

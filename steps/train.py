@@ -125,7 +125,7 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
 
 
 def compiles(config: TrainSettings, phase: Literal["sft", "grpo"]) -> bool:
-    """Whether ``phase`` runs compiled (``torch_compile``: true for both phases, 'sft' for the warm start only)."""
+    """Whether ``phase`` runs compiled (``torch_compile``: true for both phases, 'sft' or 'grpo' for that phase only)."""
     return config.torch_compile is True or config.torch_compile == phase
 
 
