@@ -49,6 +49,30 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
+LEGACY_MANYLINUX = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+"""The older names of the glibc 2.17, 2.12 and 2.5 manylinux tags (PEP 600)."""
+
+
+def platform_tags(given: list[str]) -> list[str]:
+    """``given`` with every older manylinux tag a ``manylinux_2_N_ARCH`` machine also runs added after it (pip's
+    ``--platform`` takes exact tags: asked for ``manylinux_2_28_x86_64`` alone, it finds no wheel of a package
+    published only as ``manylinux_2_17``/``manylinux2014``, and resolution fails). Other tags are kept as given."""
+    out: list[str] = []
+    for tag in given:
+        found = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag)
+        more = [tag]
+        if found:
+            glibc, arch = int(found.group(1)), found.group(2)
+            for minor in range(glibc, 4, -1):
+                more.append(f"manylinux_2_{minor}_{arch}")
+                if minor in LEGACY_MANYLINUX:
+                    more.append(f"{LEGACY_MANYLINUX[minor]}_{arch}")
+        for t in more:
+            if t not in out:
+                out.append(t)
+    return out
+
+
 def pip(*args: str, capture: bool = False) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "pip", *args]
     print("+ " + " ".join(cmd), flush=True)
@@ -186,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("wheelhouse"), help="the wheelhouse folder (default %(default)s)")
     parser.add_argument("--python-version", default="3.12", help="the target's Python, e.g. 3.12 (default %(default)s)")
     parser.add_argument("--platform", action="append", default=None,
-                        help="the target's platform tag(s), repeatable (default manylinux_2_28_x86_64 and the older "
-                        "manylinux tags it accepts)")
+                        help="the target's platform tag(s), repeatable; a manylinux_2_N tag brings the older manylinux "
+                        "tags such a machine runs (default manylinux_2_28_x86_64)")
     parser.add_argument("--have", type=Path, default=None, help="`pip freeze` of the target: what it has is neither "
                         "resolved again nor downloaded")
     parser.add_argument("--extras", default="", help="the project's extras to include, e.g. gpu")
@@ -204,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                      "the Python it runs on; the platform may differ")
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    platforms = args.platform or ["manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64"]
+    platforms = platform_tags(args.platform or ["manylinux_2_28_x86_64"])
     target = ["--only-binary=:all:", "--python-version", args.python_version, "--implementation", "cp"]
     for p in platforms:
         target += ["--platform", p]

@@ -43,3 +43,15 @@ def test_the_manifest_check_finds_a_changed_or_missing_wheel(tmp_path, capsys):
     assert "0 of 2 wheels as built" in capsys.readouterr().out
     with pytest.raises(SystemExit):  # another Python than the target's: refused, since pip checks Requires-Python
         wheelhouse.main(["--python-version", "2.7"])
+
+
+def test_a_manylinux_platform_brings_the_older_tags_its_machines_run():
+    """pip's --platform takes exact tags: manylinux_2_28 alone missed wheels tagged only manylinux_2_17/manylinux2014
+    (rpds-py's), and resolution failed; each manylinux_2_N tag now brings every older one, other tags as given."""
+    tags = wheelhouse.platform_tags(["manylinux_2_28_x86_64"])
+    assert tags[0] == "manylinux_2_28_x86_64" and len(tags) == len(set(tags))
+    assert {f"manylinux_2_{m}_x86_64" for m in range(5, 29)} | {"manylinux2014_x86_64", "manylinux2010_x86_64",
+                                                                "manylinux1_x86_64"} == set(tags)
+    mixed = wheelhouse.platform_tags(["linux_x86_64", "manylinux_2_17_aarch64"])
+    assert mixed[:3] == ["linux_x86_64", "manylinux_2_17_aarch64", "manylinux2014_aarch64"]
+    assert "manylinux1_aarch64" in mixed and not any("x86_64" in t for t in mixed[1:])
