@@ -59,18 +59,14 @@ def platform_tags(given: list[str]) -> list[str]:
     published only as ``manylinux_2_17``/``manylinux2014``, and resolution fails). Other tags are kept as given."""
     out: list[str] = []
     for tag in given:
-        found = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag)
-        more = [tag]
-        if found:
-            glibc, arch = int(found.group(1)), found.group(2)
-            for minor in range(glibc, 4, -1):
-                more.append(f"manylinux_2_{minor}_{arch}")
+        out.append(tag)
+        if found := re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag):
+            arch = found.group(2)
+            for minor in range(int(found.group(1)), 4, -1):
+                out.append(f"manylinux_2_{minor}_{arch}")
                 if minor in LEGACY_MANYLINUX:
-                    more.append(f"{LEGACY_MANYLINUX[minor]}_{arch}")
-        for t in more:
-            if t not in out:
-                out.append(t)
-    return out
+                    out.append(f"{LEGACY_MANYLINUX[minor]}_{arch}")
+    return list(dict.fromkeys(out))  # first occurrence kept, in order
 
 
 def pip(*args: str, capture: bool = False) -> subprocess.CompletedProcess:

@@ -175,8 +175,8 @@ class TrainSettings(_Section):
     torch_compile: bool | Literal["sft", "grpo"] = Field(
         False, description="torch.compile the model for the training passes (TrainingArguments.torch_compile): true for "
         "both phases, 'sft' for the warm start only, 'grpo' for GRPO only. On an H100 with batches padded to multiples "
-        "of 128 the warm start's steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), so 'sft' pays from a few "
-        "hundred steps on. GRPO steps ran slower with the whole model compiled; with compile_scope 'layers' and GRPO "
+        "of 128 the warm start's steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), "
+        "so 'sft' pays from a few hundred steps on. GRPO steps ran slower with the whole model compiled; with compile_scope 'layers' and GRPO "
         "sampling through vllm-lora, a training-only GRPO step ran 1.31x faster on an H200 (the embedded model, passes of "
         "128; docs/benchmarks.md). Not measured with the backend sampler, whose decode would run through the compiled "
         "layers.")

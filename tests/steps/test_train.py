@@ -121,10 +121,10 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
     assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
     assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
     assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
+    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
     grpo_only = TrainSettings(torch_compile="grpo", pad_to_multiple_of="auto")
     assert _common_args(grpo_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is True
     assert _common_args(grpo_only, "cuda", tmp_path, model, "sft")["torch_compile"] is False
-    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
     with pytest.raises(ValidationError, match="pad_to_multiple_of"):
         TrainSettings(pad_to_multiple_of=0)
     args = _common_args(TrainSettings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
