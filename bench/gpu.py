@@ -18,7 +18,8 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
 - ``vllm``: vLLM's offline engine (``LLM.generate`` on token ids, dummy weights of the same shape, CUDA graphs captured
   up to the largest vLLM batch asked for; vLLM's own default stops at 512), one
   engine per architecture built before its first row (``warmup_s`` of the first row holds the engine's start);
-  ``vllm+lora``: the same with a random LoRA adapter (r=64 on every linear layer) applied by vLLM, not merged.
+  ``vllm+lora``: the same with a random LoRA adapter (r=64 on every linear layer) applied by vLLM, not merged;
+  ``vllm+fp8kv``: the same with the KV cache in FP8 (``kv_cache_dtype="fp8"``; FlashAttention 3 on Hopper).
 
 Every variant first runs once at full length (the static one compiles then; ``warmup_s``), then the timed run.
 
@@ -200,13 +201,22 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
             "compile_backend": backend.compile_backend if variant == "static" else None}
 
 
+VLLM_VARIANTS: dict[str, dict[str, Any]] = {
+    "vllm": {},
+    "vllm+lora": {"enable_lora": True, "max_lora_rank": 64, "max_loras": 1},
+    "vllm+fp8kv": {"kv_cache_dtype": "fp8"},
+}
+"""vLLM rollout variants and the engine options each adds: a random LoRA adapter applied by vLLM, or a KV cache in
+FP8 (e4m3, scales of 1: half the bytes an attention step reads; keys and values rounded, so not the same numerics)."""
+
+
 class VLLMEngines:
     """One vLLM engine per architecture (with LoRA enabled when a ``vllm+lora`` row asks for it), started on first use
     from a folder holding the model's configuration (and a random LoRA adapter), with dummy weights."""
 
     def __init__(self, max_batch: int, max_len: int, memory: float) -> None:
         self.max_batch, self.max_len, self.memory = max_batch, max_len, memory
-        self.engines: dict[tuple[str, bool], Any] = {}
+        self.engines: dict[tuple[str, str], Any] = {}
         self.folders: dict[str, Path] = {}
 
     def folder(self, arch: str, model: Any) -> Path:
@@ -226,14 +236,14 @@ class VLLMEngines:
             self.folders[arch] = root
         return self.folders[arch]
 
-    def get(self, arch: str, model: Any, lora: bool) -> Any:
-        key = (arch, lora)
+    def get(self, arch: str, model: Any, variant: str) -> Any:
+        key = (arch, variant)
         if key not in self.engines:
             self.close()  # one engine at a time on the card
             from vllm import LLM
 
             root = self.folder(arch, model)
-            options = {"enable_lora": True, "max_lora_rank": 64, "max_loras": 1} if lora else {}
+            options = VLLM_VARIANTS[variant]
             self.engines[key] = LLM(model=str(root / "model"), load_format="dummy", skip_tokenizer_init=True,
                                     dtype="bfloat16", max_model_len=self.max_len, max_num_seqs=self.max_batch,
                                     max_num_batched_tokens=max(8192, self.max_len * 8), seed=0,
@@ -265,7 +275,7 @@ def vllm_variant(engines: VLLMEngines, arch: str, model: Any, variant: str, batc
 
     lora = variant == "vllm+lora"
     start = time.perf_counter()
-    engine = engines.get(arch, model, lora)
+    engine = engines.get(arch, model, variant)
     rng = _random.Random(batch)
     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(1, model.config.vocab_size) for _ in range(prompt_len)])
                for _ in range(batch)]
@@ -404,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rollout", default="plain:1,plain:64,plain:256,dynamic:256,dynamic:512,static:256,static:512",
-                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash, math or sdpa, PyTorch's choice)")
+                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora, vllm+fp8kv; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash, math or sdpa, PyTorch's choice)")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
@@ -450,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if part == "rollout":
                     variant, batch = item.split(":")
-                    if variant in ("vllm", "vllm+lora"):
+                    if variant in VLLM_VARIANTS:
                         release(model, device)
                         row = vllm_variant(engines, arch, model, variant, int(batch), args.prompt_len, args.new_tokens)
                         row["arch"] = arch

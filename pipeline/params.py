@@ -141,7 +141,7 @@ class TrainSettings(_Section):
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
     use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
                                              "uses it on CUDA when vllm is installed.")
-    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora': share "
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora' or 'vllm-merged': share "
                                    "of the GPU's memory the colocated vLLM may take (the trainer keeps the rest).")
     init: Literal["fresh", "start"] = Field(
         "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
@@ -160,14 +160,16 @@ class TrainSettings(_Section):
         "through vllm-lora. "
         "'auto' or true: on CUDA; ignored on the CPU. Measured on an H200 for the embedded model: GRPO training passes "
         "1.2x faster, warm start 1.12x, the same losses (docs/benchmarks.md).")
-    grpo_generation: Literal["auto", "trl", "backend", "vllm-lora"] = Field(
+    grpo_generation: Literal["auto", "trl", "backend", "vllm-lora", "vllm-merged"] = Field(
         "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
         "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "
         "policy/grpo_rollout.py), 'vllm-lora' (CUDA with vLLM, one trainer process: a vLLM engine of the base "
         "model, taking vllm_gpu_memory of the GPU, applies the trainer's adapter as vLLM LoRA, saved afresh every "
         "generation cycle: no merge, no weight sync; 1.14-1.26x the backend's steady trajectories/s for the embedded "
-        "model on an H200 but 60-100 s more to start, docs/benchmarks.md), 'auto' (backend on CUDA unless vLLM is "
-        "used, else trl).")
+        "model on an H200 but 60-100 s more to start, docs/benchmarks.md), 'vllm-merged' (as vllm-lora, but the engine, "
+        "in the trainer's process, gets the base weights with the adapter merged in every generation cycle and decodes "
+        "without LoRA; the trainer's own weights stay unmerged), 'auto' (backend on CUDA unless vLLM is used, else "
+        "trl).")
     continuous_batching: bool = Field(
         False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
         "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
@@ -207,7 +209,7 @@ class TrainSettings(_Section):
                              f"{steps} (ceil(trajectories / (prompts_per_step * num_generations)) = ceil("
                              f"{self.trajectories} / {self.prompts_per_step * self.num_generations})); choose a divisor "
                              f"of {steps}, e.g. 1, or change train.trajectories")
-        if self.use_vllm is True and self.grpo_generation in ("backend", "vllm-lora"):
+        if self.use_vllm is True and self.grpo_generation in ("backend", "vllm-lora", "vllm-merged"):
             raise ValueError(f"train.use_vllm = true samples GRPO's completions with TRL's colocated vLLM, but "
                              f"train.grpo_generation = '{self.grpo_generation}' asks for the project's sampler; set "
                              "grpo_generation to 'auto' or 'trl', or use_vllm to 'auto' or false")

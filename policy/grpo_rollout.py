@@ -113,7 +113,8 @@ class VLLMLoRARollout:
     Each call (one per generation cycle: ``train.generation_steps`` optimizer steps) writes the adapter as it is then
     (``save_pretrained``: the LoRA weights only, a few MB) under ``work`` and hands it to the engine as a new
     ``LoRARequest``: the base weights are never merged, copied or synced, and the previous cycle's adapter folder is
-    removed. The engine starts on the first call (CUDA graphs captured up to ``max_num_seqs`` sequences, so a whole
+    removed. ``seconds`` sums each part over the run (engine start, adapter save, adapter load, generation);
+    ``cycle_log`` has one row per call (its adapter and generation seconds, completions and their tokens). The engine starts on the first call (CUDA graphs captured up to ``max_num_seqs`` sequences, so a whole
     generation cycle decodes in graphs) and stops in :meth:`close`.
 
     Sampling is seeded once, by the engine (``seed``); vLLM's batching makes it reproducible for the same prompts in
@@ -132,6 +133,9 @@ class VLLMLoRARollout:
         engine: an engine to use instead of starting vLLM (tests).
     """
 
+    phase = "vllm_lora.generate"
+    """The name of a generation call in the train step's GRPO profile (TRL's ``profiling_context``)."""
+
     def __init__(self, model: Any, tokenizer: Any, *, base: Any, work: Any, max_new_tokens: int, temperature: float,
                  top_p: float, seed: int, max_model_len: int, max_num_seqs: int, gpu_memory: float,
                  engine: Any = None) -> None:
@@ -144,7 +148,8 @@ class VLLMLoRARollout:
         self.engine = engine
         self.eos_ids = eos_token_ids(tokenizer)
         self.cycles = 0
-        self.seconds = {"engine_start": 0.0, "adapter_save": 0.0, "generate": 0.0}
+        self.seconds = {"engine_start": 0.0, "adapter_save": 0.0, "adapter_load": 0.0, "generate": 0.0}
+        self.cycle_log: list[dict[str, Any]] = []
 
     def lora_rank(self) -> int:
         """The rank vLLM must be prepared for: the trainer's adapter's ``r``."""
@@ -170,28 +175,48 @@ class VLLMLoRARollout:
             return self.sample(prompts)
         from trl.extras.profiling import profiling_context
 
-        with profiling_context(trainer, "vllm_lora.generate"):
+        with profiling_context(trainer, self.phase):
             return self.sample(prompts)
 
     def sample(self, prompts: list) -> dict[str, Any]:
-        import shutil
         import time
 
         engine = self.engine if self.engine is not None else self.start()
         k = self.cycles
         self.cycles += 1
         t0 = time.perf_counter()
+        request = self.hand_over(engine, k)
+        t1 = time.perf_counter()
+        ids = self.tokenizer(prompt_texts(self.tokenizer, prompts), add_special_tokens=False)["input_ids"]
+        outputs = engine.generate([{"prompt_token_ids": x} for x in ids], self.sampling_params(), use_tqdm=False,
+                                  **({"lora_request": request} if request is not None else {}))
+        t2 = time.perf_counter()
+        completion_ids = [cut_completion(list(out.outputs[0].token_ids), self.eos_ids) for out in outputs]
+        self.seconds["generate"] += t2 - t1
+        self.cycle_log.append({"cycle": k, "adapter_s": round(t1 - t0, 4), "generate_s": round(t2 - t1, 4),
+                               "completions": len(completion_ids),
+                               "completion_tokens": sum(len(c) for c in completion_ids)})
+        return {"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": None}
+
+    def hand_over(self, engine: Any, k: int) -> Any:
+        """Give the engine cycle ``k``'s adapter: saved under ``work`` (the previous cycle's copy removed) and, where
+        the engine has vLLM's ``llm_engine.add_lora``, loaded before generation, so loading is timed apart from it
+        (``seconds['adapter_load']``); the ``LoRARequest`` to generate with."""
+        import shutil
+        import time
+
+        t0 = time.perf_counter()
         folder = self.work / f"cycle-{k}"
         self.model.save_pretrained(str(folder))
         shutil.rmtree(self.work / f"cycle-{k - 1}", ignore_errors=True)
+        request = self.lora_request(f"grpo-cycle-{k}", k + 1, str(folder))
         t1 = time.perf_counter()
-        ids = self.tokenizer(prompt_texts(self.tokenizer, prompts), add_special_tokens=False)["input_ids"]
-        outputs = engine.generate([{"prompt_token_ids": x} for x in ids], self.sampling_params(),
-                                  lora_request=self.lora_request(f"grpo-cycle-{k}", k + 1, str(folder)), use_tqdm=False)
+        llm_engine = getattr(engine, "llm_engine", None)
+        if llm_engine is not None and hasattr(llm_engine, "add_lora"):
+            llm_engine.add_lora(request)
         self.seconds["adapter_save"] += t1 - t0
-        self.seconds["generate"] += time.perf_counter() - t1
-        completion_ids = [cut_completion(list(out.outputs[0].token_ids), self.eos_ids) for out in outputs]
-        return {"prompt_ids": ids, "completion_ids": completion_ids, "logprobs": None}
+        self.seconds["adapter_load"] += time.perf_counter() - t1
+        return request
 
     def sampling_params(self) -> Any:
         from vllm import SamplingParams
@@ -215,3 +240,87 @@ class VLLMLoRARollout:
         self.engine = None
         gc.collect()
         shutil.rmtree(self.work, ignore_errors=True)
+
+
+class VLLMMergedRollout(VLLMLoRARollout):
+    """A TRL ``rollout_func`` sampling through a vLLM engine of the base model whose weights are, every generation
+    cycle, the trainer's base weights with its adapter merged in (params.yaml ``train.grpo_generation: vllm-merged``;
+    CUDA with vLLM installed): the engine decodes without LoRA (vLLM's plain decode step ran 1.26x faster than its LoRA
+    one for the embedded model's shape, docs/benchmarks.md), at the price of loading the changed weights each cycle.
+
+    Each call computes, for every LoRA layer, ``W + scaling * B @ A`` in float32 from the trainer's weights as they are
+    then (PEFT's ``get_delta_weight``; the trainer's own weights are never merged or changed, so no rounding builds up
+    in them), rounds it to the engine's dtype, loads it into the engine's model under the base checkpoint's name
+    (vLLM's ``load_weights``, which stacks q/k/v and gate/up itself) and clears the engine's prefix cache (its cached
+    keys and values came from the previous weights). Weights no adapter touches are the base checkpoint's, which the
+    engine loaded at its start. The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as TRL's
+    colocated vLLM), so the weights move by device copies.
+    """
+
+    phase = "vllm_merged.generate"
+
+    def start(self) -> Any:
+        import os
+        import time
+
+        import vllm
+
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine's model in this process: load_weights reaches it
+        t0 = time.perf_counter()
+        self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed, gpu_memory_utilization=self.gpu_memory,
+                               max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
+                               compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
+                               enable_prefix_caching=True)
+        self.seconds["engine_start"] += time.perf_counter() - t0
+        return self.engine
+
+    def hand_over(self, engine: Any, k: int) -> None:
+        """Load cycle ``k``'s merged weights into the engine (``seconds['adapter_merge']`` computing them,
+        ``seconds['adapter_load']`` loading them and clearing the prefix cache); nothing to pass to ``generate``."""
+        import time
+
+        t0 = time.perf_counter()
+        weights = merged_lora_weights(self.model)
+        t1 = time.perf_counter()
+        target = engine_model(engine)
+        for name, tensor in weights:
+            target.load_weights([(name, tensor)])
+        engine.reset_prefix_cache()
+        self.seconds["adapter_merge"] = self.seconds.get("adapter_merge", 0.0) + t1 - t0
+        self.seconds["adapter_load"] += time.perf_counter() - t1
+        return None
+
+
+def engine_model(engine: Any) -> Any:
+    """The ``torch.nn.Module`` of an in-process vLLM engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), whose
+    ``load_weights`` takes ``(checkpoint name, tensor)`` pairs."""
+    worker = getattr(getattr(engine.llm_engine, "model_executor", None), "driver_worker", None)
+    if worker is None:
+        raise RuntimeError("train.grpo_generation = 'vllm-merged' loads weights into the vLLM engine's model, which "
+                           "runs in another process here; start the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                           "(VLLMMergedRollout.start does) or use grpo_generation 'vllm-lora'")
+    return worker.model_runner.model
+
+
+def merged_lora_weights(model: Any) -> list[tuple[str, Any]]:
+    """``(base checkpoint name, W + delta)`` for every LoRA layer of a PEFT model with one active adapter: the base
+    weight plus PEFT's ``get_delta_weight`` (``scaling * B @ A``, transposed for fan-in-fan-out layers), added in
+    float32 and rounded to the base weight's dtype. The model is not changed. Raises on layers this cannot merge
+    (DoRA, several active adapters, a base layer without one ``weight``)."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    prefix = "base_model.model."
+    out = []
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if not isinstance(module, LoraLayer):
+                continue
+            active = [a for a in module.active_adapters if a in module.lora_A]
+            if len(active) != 1 or any(module.use_dora.get(a, False) for a in active):
+                raise ValueError(f"LoRA layer {name}: vllm-merged merges exactly one plain LoRA adapter per layer, this "
+                                 f"one has {active} (DoRA: {dict(module.use_dora)}); use grpo_generation 'vllm-lora'")
+            weight = module.get_base_layer().weight
+            merged = (weight.float() + module.get_delta_weight(active[0]).float()).to(weight.dtype)
+            out.append((name.removeprefix(prefix) + ".weight", merged))
+    return out

@@ -444,10 +444,10 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         extra["use_transformers_continuous_batching"] = True
     rollout_func = None
     backend_sampling = use_backend_generation(config.grpo_generation, device, use_vllm)
-    # only with the project's samplers: the backend enters autocast itself and vllm-lora never samples from the
+    # only with the project's samplers: the backend enters autocast itself and vLLM's never sample from the
     # trainer's model (TRL's own transformers sampling runs outside autocast, where LoRA layers must cast their inputs;
     # TRL's vLLM path was not measured with it)
-    lora = uses_lora_autocast(config.lora_autocast, device) and (backend_sampling or config.grpo_generation == "vllm-lora")
+    lora = uses_lora_autocast(config.lora_autocast, device) and (backend_sampling or config.grpo_generation in VLLM_SAMPLERS)
     if backend_sampling:
         from policy.grpo_rollout import backend_rollout, longest_prompt
 
@@ -458,9 +458,9 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     world = world_size()
     micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
     passes = accumulation(per_step, micro, world, "train.prompts_per_step x train.num_generations")
-    if config.grpo_generation == "vllm-lora":
-        rollout_func = vllm_lora_rollout(model, tok, data, config, policy, device, work,
-                                         per_call=micro * passes * config.generation_steps)
+    if config.grpo_generation in VLLM_SAMPLERS:
+        rollout_func = vllm_rollout(model, tok, data, config, policy, device, work,
+                                    per_call=micro * passes * config.generation_steps)
     args = GRPOConfig(**_common_args(config, device, work / "grpo", model, "grpo"), per_device_train_batch_size=micro,
                       gradient_accumulation_steps=passes, steps_per_generation=passes * config.generation_steps,
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
@@ -490,35 +490,43 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/phase_seconds"] = phase_profile(phases, clock.seconds)
     metrics["train/step_phase_seconds"] = clock.phases_per_step
-    metrics["train/generation"] = ("vllm" if use_vllm else "vllm-lora" if config.grpo_generation == "vllm-lora"
+    metrics["train/generation"] = ("vllm" if use_vllm else config.grpo_generation if config.grpo_generation in VLLM_SAMPLERS
                                    else "backend" if rollout_func is not None else "trl")
     if hasattr(rollout_func, "seconds"):
-        metrics["train/vllm_lora_seconds"] = dict(rollout_func.seconds)
+        metrics["train/vllm_seconds"] = {k: round(v, 3) for k, v in rollout_func.seconds.items()}
+        metrics["train/vllm_cycles"] = list(rollout_func.cycle_log)
     return metrics, rows
 
 
-def vllm_lora_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
-                      device: str, work: Path, per_call: int) -> Any:
-    """GRPO's sampler for ``train.grpo_generation: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`), after
-    checking that it can run here: CUDA, and vLLM importable."""
+VLLM_SAMPLERS = ("vllm-lora", "vllm-merged")
+"""``train.grpo_generation`` values that sample through the project's own vLLM engine (policy/grpo_rollout.py)."""
+
+
+def vllm_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+                 device: str, work: Path, per_call: int) -> Any:
+    """GRPO's sampler for ``train.grpo_generation: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`) or
+    ``vllm-merged`` (:class:`policy.grpo_rollout.VLLMMergedRollout`), after checking that it can run here: CUDA, one
+    process, and vLLM importable."""
+    name = config.grpo_generation
     if device != "cuda":
-        raise ValueError(f"train.grpo_generation = 'vllm-lora' samples with vLLM, which needs CUDA, and this train step "
+        raise ValueError(f"train.grpo_generation = '{name}' samples with vLLM, which needs CUDA, and this train step "
                          f"runs on {device!r}; set grpo_generation to 'auto' (the project's sampler) or train on a GPU")
     if world_size() > 1:
-        raise ValueError(f"train.grpo_generation = 'vllm-lora' runs one vLLM engine beside one trainer process, and this "
+        raise ValueError(f"train.grpo_generation = '{name}' runs one vLLM engine beside one trainer process, and this "
                          f"launch has {world_size()} processes; set grpo_generation to 'auto' (the project's sampler) or "
                          "use_vllm to true (TRL's colocated vLLM, one engine per process) for data-parallel GRPO")
     if not _has("vllm"):
-        raise ValueError("train.grpo_generation = 'vllm-lora' needs vLLM, which is not installed: run "
+        raise ValueError(f"train.grpo_generation = '{name}' needs vLLM, which is not installed: run "
                          "`pip install -e '.[gpu]'` on the GPU machine, or set grpo_generation to 'auto'")
-    from policy.grpo_rollout import VLLMLoRARollout
+    from policy.grpo_rollout import VLLMLoRARollout, VLLMMergedRollout
     from policy.models import resolve_model
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
-    return VLLMLoRARollout(model, tok, base=resolve_model(policy.model), work=work / "vllm-adapters",
-                           max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=1.0,
-                           seed=config.seed, max_model_len=longest_prompt_tokens(tok, data) + config.max_completion_length,
-                           max_num_seqs=min(per_call, 1024), gpu_memory=config.vllm_gpu_memory)
+    sampler = VLLMMergedRollout if name == "vllm-merged" else VLLMLoRARollout
+    return sampler(model, tok, base=resolve_model(policy.model), work=work / "vllm-adapters",
+                   max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=1.0,
+                   seed=config.seed, max_model_len=longest_prompt_tokens(tok, data) + config.max_completion_length,
+                   max_num_seqs=min(per_call, 1024), gpu_memory=config.vllm_gpu_memory)
 
 
 def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:

@@ -72,6 +72,7 @@ def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     (["curriculum.1.prev=5"], "curriculum.1.prev = 5: set it to 0"),
     (["train.use_vllm=true", "train.grpo_generation=backend"], "set grpo_generation to 'auto' or 'trl'"),
     (["train.use_vllm=true", "train.grpo_generation=vllm-lora"], "grpo_generation = 'vllm-lora' asks for the project's"),
+    (["train.use_vllm=true", "train.grpo_generation=vllm-merged"], "grpo_generation = 'vllm-merged' asks for the"),
     (["train.seed"], "use SECTION.KEY=VALUE"),
     (["train.seed=[1"], "not valid YAML"),
     (["train..seed=1"], "use SECTION.KEY=VALUE"),

@@ -77,12 +77,16 @@ class _FakeVLLM:
     """Records what a vLLM engine is asked; answers each prompt with fixed token ids (an end token in the middle)."""
 
     def __init__(self, answer):
-        self.answer, self.calls = answer, []
+        from types import SimpleNamespace
+
+        self.answer, self.calls, self.added = answer, [], []
+        self.llm_engine = SimpleNamespace(add_lora=self.added.append)  # vLLM's LLMEngine.add_lora
 
     def generate(self, prompts, params, lora_request=None, use_tqdm=True):
         from pathlib import Path
         from types import SimpleNamespace
 
+        assert self.added[-1] == lora_request  # loaded before generation, timed apart
         name, number, path = lora_request
         files = sorted(p.name for p in Path(path).iterdir())
         self.calls.append({"prompts": [p["prompt_token_ids"] for p in prompts], "params": params, "lora": (name, number),
@@ -90,7 +94,7 @@ class _FakeVLLM:
         return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=list(self.answer))]) for _ in prompts]
 
 
-def test_vllm_lora_rollout_hands_the_current_adapter_to_the_engine_every_cycle(tiny_model_dir, tmp_path):
+def test_vllm_rollout_hands_the_current_adapter_to_the_engine_every_cycle(tiny_model_dir, tmp_path):
     """train.grpo_generation = 'vllm-lora': each call saves the trainer's adapter as it is then and names it in a new
     LoRA request (new id: vLLM caches adapters by id), removes the previous cycle's copy, sends the chat-templated
     prompts' token ids, and returns completions cut after their first end token; close() removes the copies."""
@@ -132,26 +136,130 @@ def test_vllm_lora_rollout_hands_the_current_adapter_to_the_engine_every_cycle(t
     assert first["adapter"] != second["adapter"]
     assert sorted(p.name for p in (tmp_path / "adapters").iterdir()) == ["cycle-1"]  # the previous copy is gone
     assert len(rollout(prompts * 3, None)["completion_ids"]) == 6  # more than max_num_seqs: the engine queues them
+    assert [(c["cycle"], c["completions"], c["completion_tokens"]) for c in rollout.cycle_log] == [(0, 2, 6), (1, 1, 3),
+                                                                                                   (2, 6, 18)]
+    assert set(rollout.seconds) == {"engine_start", "adapter_save", "adapter_load", "generate"}
     rollout.close()
     assert not (tmp_path / "adapters").exists()
 
 
-def test_vllm_lora_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path):
-    """On the CPU (or without vLLM) 'vllm-lora' fails before training with the setting's name and the fix."""
+@pytest.mark.parametrize("sampler", ["vllm-lora", "vllm-merged"])
+def test_vllm_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path, sampler):
+    """On the CPU (or without vLLM) 'vllm-lora' and 'vllm-merged' fail before training with the setting's name and
+    the fix."""
     from pipeline.params import PolicySettings, TrainSettings
-    from steps.train import vllm_lora_rollout
+    from steps.train import vllm_rollout
 
-    with pytest.raises(ValueError, match="grpo_generation = 'vllm-lora'.*set grpo_generation to 'auto'"):
-        vllm_lora_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cpu",
-                          tmp_path, per_call=32)
+    with pytest.raises(ValueError, match=f"grpo_generation = '{sampler}'.*set grpo_generation to 'auto'"):
+        vllm_rollout(None, None, [], TrainSettings(grpo_generation=sampler), PolicySettings(), "cpu", tmp_path,
+                     per_call=32)
 
 
 def test_vllm_lora_generation_refuses_a_data_parallel_launch(tmp_path, monkeypatch):
     """One engine per trainer: a launch of several processes is refused with the alternatives named."""
     from pipeline.params import PolicySettings, TrainSettings
-    from steps.train import vllm_lora_rollout
+    from steps.train import vllm_rollout
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="2 processes; set grpo_generation to 'auto'"):
-        vllm_lora_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cuda",
-                          tmp_path, per_call=32)
+        vllm_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cuda", tmp_path,
+                     per_call=32)
+
+
+def _lora_model(model_dir, r=8):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), LoraConfig(r=r, target_modules="all-linear"))
+    with torch.no_grad():  # a fresh adapter's B is zero: give it weights, as after some optimizer steps
+        torch.manual_seed(0)
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.05)
+    return model
+
+
+def test_merged_lora_weights_equal_peft_merge_and_leave_the_trainer_unchanged(tiny_model_dir):
+    """vllm-merged's weights: W + scaling * B @ A under the base checkpoint's names, the same as PEFT's own merge
+    (``merge_and_unload`` on a copy), for every LoRA layer; the trainer's model is not merged or changed."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from policy.grpo_rollout import merged_lora_weights
+
+    model = _lora_model(tiny_model_dir)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    weights = merged_lora_weights(model)
+    reference = copy.deepcopy(model).merge_and_unload().state_dict()
+    base_names = set(AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict())
+    from peft.tuners.lora import LoraLayer
+
+    assert len(weights) == sum(isinstance(m, LoraLayer) for m in model.modules()) > 0
+    for name, tensor in weights:
+        assert name in base_names
+        torch.testing.assert_close(tensor, reference[name])
+        assert not torch.equal(tensor, before["base_model.model." + name.replace(".weight", ".base_layer.weight")])
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+
+
+def test_vllm_merged_rollout_loads_the_current_weights_every_cycle_and_clears_the_prefix_cache(tiny_model_dir, tmp_path):
+    """train.grpo_generation = 'vllm-merged': before each generation call the engine's model gets the merged weights of
+    that moment (after an optimizer step, different ones) and its prefix cache is cleared; generation gets no LoRA
+    request; the per-cycle log counts completions and their tokens."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from policy.grpo_rollout import VLLMMergedRollout, merged_lora_weights
+
+    class Model:
+        def __init__(self):
+            self.loads = []
+
+        def load_weights(self, weights):
+            self.loads.extend((n, t.clone()) for n, t in weights)
+
+    class Engine:
+        def __init__(self, eos):
+            self.events, self.eos = [], eos
+            self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
+                driver_worker=SimpleNamespace(model_runner=SimpleNamespace(model=Model()))))
+
+        def reset_prefix_cache(self):
+            self.events.append(("reset", len(self.llm_engine.model_executor.driver_worker.model_runner.model.loads)))
+
+        def generate(self, prompts, params, use_tqdm=True, **kwargs):
+            self.events.append(("generate", kwargs))
+            return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=[5, self.eos, 6])]) for _ in prompts]
+
+    class Rollout(VLLMMergedRollout):
+        def sampling_params(self):
+            return None
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = _lora_model(tiny_model_dir)
+    engine = Engine(tok.eos_token_id)
+    rollout = Rollout(model, tok, base=tiny_model_dir, work=tmp_path / "w", max_new_tokens=3, temperature=1.0, top_p=1.0,
+                      seed=0, max_model_len=256, max_num_seqs=4, gpu_memory=0.3, engine=engine)
+    prompts = [[{"role": "user", "content": "go"}]] * 3
+    assert rollout(prompts, None)["completion_ids"] == [[5, tok.eos_token_id]] * 3
+    loads = engine.llm_engine.model_executor.driver_worker.model_runner.model.loads
+    first = dict(loads)
+    expected = dict(merged_lora_weights(model))
+    assert first.keys() == expected.keys() and all(torch.equal(first[n], expected[n]) for n in expected)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_A" in name:
+                param.add_(0.1)
+    rollout(prompts[:1], None)
+    second = dict(loads[len(first):])
+    assert all(not torch.equal(first[n], second[n]) for n in expected)
+    n = len(expected)
+    assert engine.events == [("reset", n), ("generate", {}), ("reset", 2 * n), ("generate", {})]
+    assert [(c["cycle"], c["completions"], c["completion_tokens"]) for c in rollout.cycle_log] == [(0, 3, 6), (1, 1, 2)]
+    assert rollout.seconds["adapter_merge"] >= 0 and rollout.seconds["adapter_load"] >= 0
+    rollout.close()

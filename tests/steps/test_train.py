@@ -205,14 +205,14 @@ def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(t
                             gpu_memory=0.3, engine=Engine()))
         return made[-1]
 
-    monkeypatch.setattr(train_module, "vllm_lora_rollout", fake)
+    monkeypatch.setattr(train_module, "vllm_rollout", fake)
     out = tmp_path / "v"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                     *tiny(tiny_model_dir, sft=False, grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
     rollout, = made
     assert metrics["train/generation"] == "vllm-lora" and metrics["train/trajectories"] == 16
     assert rollout.engine is None and rollout.closed and rollout.cycles == 1  # 2 steps sampled in one call
-    assert metrics["train/vllm_lora_seconds"]["generate"] >= 0
+    assert metrics["train/vllm_seconds"]["generate"] >= 0 and len(metrics["train/vllm_cycles"]) == 1
     rows = pq.read_table(out / "c.parquet").to_pylist()
     assert len(rows) == 16 and {r["completion"] for r in rows} == {tok_text(tiny_model_dir, [11, 12, 13])}
 
