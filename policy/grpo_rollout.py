@@ -115,8 +115,9 @@ class VLLMLoRARollout:
     ``LoRARequest``: the base weights are never merged, copied or synced, and the previous cycle's adapter folder is
     removed. ``seconds`` sums each part over the run (engine start, adapter save, adapter load, generation);
     ``cycle_log`` has one row per call (its adapter and generation seconds, completions, their tokens and the longest:
-    a call lasts as many decode steps as its longest completion). The engine starts on the first call (CUDA graphs captured up to ``max_num_seqs`` sequences, so a whole
-    generation cycle decodes in graphs) and stops in :meth:`close`.
+    a call lasts as many decode steps as its longest completion). The engine starts on the first call (CUDA graphs
+    captured up to ``max_num_seqs`` sequences, so a whole generation cycle decodes in graphs) and stops in
+    :meth:`close`.
 
     Sampling is seeded once, by the engine (``seed``); vLLM's batching makes it reproducible for the same prompts in
     the same order, not bit-identical to the transformers backend. Completions end at their first end-of-sequence
@@ -250,8 +251,9 @@ class VLLMMergedRollout(VLLMLoRARollout):
     """A TRL ``rollout_func`` sampling through a vLLM engine of the base model whose weights are, every generation
     cycle, the trainer's base weights with its adapter merged in (params.yaml ``train.grpo_generation: vllm-merged``;
     CUDA with vLLM installed): the engine decodes without LoRA (vLLM's plain decode step ran 1.26x faster than its LoRA
-    one for the embedded model's shape), at the price of loading the changed weights each cycle (about 0.25 s for the
-    embedded model on an H200). Measured there: steadier and faster than vllm-lora (docs/benchmarks.md).
+    one for the embedded model's shape), at the price of merging and loading the changed weights each cycle (0.14-0.38 s
+    for the embedded model on an H200, one ``load_weights`` call per tensor then). Measured there: steadier and faster
+    than vllm-lora (docs/benchmarks.md).
 
     Each call computes, for every LoRA layer, ``W + scaling * B @ A`` in float32 from the trainer's weights as they are
     then (PEFT's ``get_delta_weight``; the trainer's own weights are never merged or changed, so no rounding builds up
@@ -270,12 +272,21 @@ class VLLMMergedRollout(VLLMLoRARollout):
 
         import vllm
 
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine's model in this process: load_weights reaches it
+        key = "VLLM_ENABLE_V1_MULTIPROCESSING"
+        before = os.environ.get(key)
+        os.environ[key] = "0"  # the engine's model in this process, where load_weights reaches it (read at start)
         t0 = time.perf_counter()
-        self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed, gpu_memory_utilization=self.gpu_memory,
-                               max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
-                               compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
-                               enable_prefix_caching=True)
+        try:
+            self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed,
+                                   gpu_memory_utilization=self.gpu_memory, max_model_len=self.max_model_len,
+                                   max_num_seqs=self.max_num_seqs,
+                                   compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
+                                   enable_prefix_caching=True)
+        finally:
+            if before is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = before
         self.seconds["engine_start"] += time.perf_counter() - t0
         return self.engine
 
@@ -309,7 +320,7 @@ def merged_lora_weights(model: Any) -> list[tuple[str, Any]]:
     """``(base checkpoint name, W + delta)`` for every LoRA layer of a PEFT model with one active adapter: the base
     weight plus PEFT's ``get_delta_weight`` (``scaling * B @ A``, transposed for fan-in-fan-out layers), added in
     float32 and rounded to the base weight's dtype. The model is not changed. Raises on layers this cannot merge
-    (DoRA, several active adapters, a base layer without one ``weight``)."""
+    (DoRA, several active adapters)."""
     import torch
     from peft.tuners.lora import LoraLayer
 
