@@ -10,6 +10,7 @@ target before rectangle before plain conflicts, then the earliest.
 
 from __future__ import annotations
 
+import zlib
 from enum import IntEnum
 from typing import NamedTuple
 
@@ -152,3 +153,10 @@ def priority_key(priority: Priority, conflict: Conflict) -> tuple[int, int, int]
     """Smaller is chosen first: cardinality, then kind (target, rectangle, vertex/edge), then time."""
     kind = Kind.VERTEX if conflict.kind is Kind.EDGE else conflict.kind
     return (priority, kind, conflict.t)
+
+
+def pair_order(pair: tuple[int, int]) -> int:
+    """A fixed pseudo-random rank of an agent pair (CRC-32 of ``"(a, b)"``): CBSOptions.conflict_ties = 'pairs'
+    splits, among pairs whose conflicts rank alike, the pair of the smallest, an order unrelated to time or agent
+    numbers, and the same on every machine."""
+    return zlib.crc32(b"(%d, %d)" % pair)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
 from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_collides, pair_conflicts,
-                                  pair_key, priority_key)
+                                  pair_key, pair_order, priority_key)
 from envgen.cbs_heuristics import merge_mdds, vertex_cover
 from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, add_block,
                                  build_mdd, find_path, shortest_path)
@@ -56,6 +56,13 @@ class CBSOptions:
         independence: not CBS itself but the solver's last resort (:func:`envgen.cbs.solve`): a group that CBS and the
             exhaustive joint A* leave undecided is split by independence detection (Standley 2010), the agents planned
             alone and merged only where their plans conflict (:func:`envgen.cbs.independent_groups`).
+        conflict_ties: which pair's conflict to split among pairs whose best conflicts have the same cardinality and
+            kind (with prioritize_conflicts). ``"earliest"``: the earliest such conflict, then the lowest agents;
+            ``"pairs"``: a fixed pseudo-random order of the agent pairs (CRC-32 of the pair), the time left out, as
+            CBSH2-RTC's random choice among equals. Within a pair the earliest of its best conflicts is split either
+            way. Which conflict is split first can decide whether a large instance takes a second or minutes, in
+            both directions: over twelve MovingAI scenarios neither rule solved more agents within 10 s on every one
+            (docs/solver.md), so the default keeps the plans the generator has always stored.
     """
 
     prioritize_conflicts: bool = True
@@ -68,6 +75,7 @@ class CBSOptions:
     pair_nodes: int = 10
     inherit_weights: bool = True
     independence: bool = True
+    conflict_ties: Literal["earliest", "pairs"] = "earliest"
 
     def __post_init__(self) -> None:
         if self.heuristic not in ("none", "cg", "wdg"):
@@ -82,6 +90,8 @@ class CBSOptions:
             raise ValueError(f"CBSOptions.pair_cost = {self.pair_cost}: must be 0 or more")
         if self.pair_nodes < 1:
             raise ValueError(f"CBSOptions.pair_nodes = {self.pair_nodes}: must be at least 1")
+        if self.conflict_ties not in ("pairs", "earliest"):
+            raise ValueError(f"CBSOptions.conflict_ties = {self.conflict_ties!r}: use 'pairs' or 'earliest'")
 
     @classmethod
     def plain(cls) -> CBSOptions:
@@ -414,6 +424,8 @@ class CBS:
     def _choose(self, node: Node) -> Conflict:
         if self.options.prioritize_conflicts:
             self._classify(node)
+            if self.options.conflict_ties == "pairs":
+                return min(node.classified.items(), key=lambda kv: (kv[1][0][0], kv[1][0][1], pair_order(kv[0])))[1][1]
             return min(node.classified.items(), key=lambda kv: (kv[1][0], kv[0]))[1][1]
         return min(((c.t, key), c) for key, found in node.conflicts.items() for c in found)[1]
 

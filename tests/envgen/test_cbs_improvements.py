@@ -36,6 +36,8 @@ ONE_AT_A_TIME = {
     "all": FULL,
     "all_but_incremental": replace(FULL, incremental=False),
     "all_but_inherited_weights": replace(FULL, inherit_weights=False),
+    "all_earliest_ties": replace(FULL, conflict_ties="earliest"),
+    "prioritize_conflicts_earliest_ties": replace(PLAIN, prioritize_conflicts=True, conflict_ties="earliest"),
 }
 BUDGET = SolverBudget(max_nodes=20_000, max_seconds=60)
 
@@ -142,6 +144,17 @@ def test_inherited_pair_bounds_spare_merges_and_keep_the_optimum(monkeypatch):
     assert spent["inherit"][0] < 0.9 * spent["fresh"][0], spent
 
 
+def test_conflict_ties_order_pairs_apart_from_time_and_numbers():
+    """'pairs' ranks equal conflicts by a fixed hash of the pair, the same on every run; it is not the agents' order."""
+    from envgen.cbs_conflicts import pair_order
+
+    pairs = list(itertools.combinations(range(12), 2))
+    ranks = [pair_order(p) for p in pairs]
+    assert ranks == [pair_order(p) for p in pairs] and len(set(ranks)) == len(pairs)
+    assert sorted(pairs, key=pair_order) != pairs
+    assert pair_order((3, 7)) == 3164637840  # CRC-32 of "(3, 7)": plans must not change with the machine
+
+
 def test_options_are_validated():
     with pytest.raises(ValueError, match="heuristic"):
         CBSOptions(heuristic="dg")  # type: ignore[arg-type]
@@ -149,6 +162,8 @@ def test_options_are_validated():
         CBSOptions(prioritize_conflicts=False)
     with pytest.raises(ValueError, match="pair_nodes"):
         CBSOptions(pair_nodes=0)
+    with pytest.raises(ValueError, match="conflict_ties = 'random'"):
+        CBSOptions(conflict_ties="random")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_joint_states"):
         SolverBudget(max_joint_states=-1)
 
