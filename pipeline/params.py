@@ -141,8 +141,9 @@ class TrainSettings(_Section):
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
     use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
                                              "uses it on CUDA when vllm is installed.")
-    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora' or 'vllm-merged': share "
-                                   "of the GPU's memory the colocated vLLM may take (the trainer keeps the rest).")
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora' or "
+                                   "'vllm-merged': share of the GPU's memory the colocated vLLM may take (the trainer "
+                                   "keeps the rest).")
     init: Literal["fresh", "start"] = Field(
         "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
         "train.seed (the base model's behaviour), or 'start', the shared starting policy (data/start/adapter, the start "
