@@ -10,7 +10,8 @@ tests/data, 5-20 agents, with their published optima), ``movingai`` (``--movinga
 of a MovingAI scenario from ../shared/mapf-benchmarks or tests/data). ``--largest MAP:SCEN`` adds agents one at a time
 until a solver passes ``--cutoff`` seconds.
 
-The project's solver (every improvement on, :class:`envgen.cbs.CBSOptions`) and the plain search
+The project's solver (every improvement on, :class:`envgen.cbs.CBSOptions`; ``--conflict-ties pairs`` for CBSH2-RTC's
+choice among equal conflicts) and the plain search
 (:meth:`CBSOptions.plain`, with the same exhaustive back-ups) run in this process, timed by CPU time
 (``time.process_time``), after the map and the goals' distance tables are built (:func:`preprocess`). The external
 solver is CBSH2-RTC's ``cbs`` binary (github.com/Jiaoyang-Li/CBSH2-RTC, built from source), run with
@@ -150,8 +151,9 @@ def geomean(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
-def bench_set(name: str, instances: list[Instance], external: str | None, cutoff: float, plain: bool) -> dict:
-    solvers = {"project": lambda i: run_project(i, CBSOptions(), cutoff)}
+def bench_set(name: str, instances: list[Instance], external: str | None, cutoff: float, plain: bool,
+              options: CBSOptions = CBSOptions()) -> dict:
+    solvers = {"project": lambda i: run_project(i, options, cutoff)}
     if plain:
         solvers["plain"] = lambda i: run_project(i, CBSOptions.plain(), cutoff)
     if external:
@@ -191,13 +193,13 @@ def bench_set(name: str, instances: list[Instance], external: str | None, cutoff
     return summary
 
 
-def largest(spec: str, external: str | None, cutoff: float) -> dict:
+def largest(spec: str, external: str | None, cutoff: float, options: CBSOptions = CBSOptions()) -> dict:
     """The largest agent count of ``MAP:SCEN`` each solver solves within ``cutoff`` seconds, adding one agent at a
     time (a solver stops at its first failure)."""
     name, scen = spec.split(":")
     mp, sc = bench_file(name, f"{name}.map"), bench_file(name, f"{name}-{scen}.scen")
     out = {}
-    solvers = {"project": lambda i: run_project(i, CBSOptions(), cutoff)}
+    solvers = {"project": lambda i: run_project(i, options, cutoff)}
     if external:
         solvers["external"] = lambda i: run_external(external, i, cutoff)
     for s, f in solvers.items():
@@ -224,8 +226,11 @@ def main() -> int:
     parser.add_argument("--no-plain", action="store_true", help="skip the plain search (slow on hard sets)")
     parser.add_argument("--movingai", action="append", default=[], help="MAP:SCEN:K1,K2 (repeatable)")
     parser.add_argument("--largest", action="append", default=[], help="MAP:SCEN (repeatable)")
+    parser.add_argument("--conflict-ties", choices=["earliest", "pairs"], default="earliest",
+                        help="the project's CBSOptions.conflict_ties (default %(default)s, the solver's default)")
     parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
     args = parser.parse_args()
+    options = CBSOptions(conflict_ties=args.conflict_ties)
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, running on {cores}, "
                f"Python {platform.python_version()}")
@@ -235,12 +240,13 @@ def main() -> int:
         "dense5": lambda: draws(args.count, 2, 5, (10,), 0.5, 0.0),
         "jmorag": jmorag,
     }
-    results: dict = {"machine": machine, "cutoff_s": args.cutoff, "external": args.external, "sets": {}}
+    results: dict = {"machine": machine, "cutoff_s": args.cutoff, "external": args.external,
+                     "conflict_ties": args.conflict_ties, "sets": {}}
     for name in [s for s in args.sets.split(",") if s]:
-        results["sets"][name] = bench_set(name, sets[name](), args.external, args.cutoff, not args.no_plain)
+        results["sets"][name] = bench_set(name, sets[name](), args.external, args.cutoff, not args.no_plain, options)
     for spec in args.movingai:
-        results["sets"][spec] = bench_set(spec, movingai(spec), args.external, args.cutoff, not args.no_plain)
-    results["largest"] = {spec: largest(spec, args.external, args.cutoff) for spec in args.largest}
+        results["sets"][spec] = bench_set(spec, movingai(spec), args.external, args.cutoff, not args.no_plain, options)
+    results["largest"] = {spec: largest(spec, args.external, args.cutoff, options) for spec in args.largest}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=lambda o: asdict(o)))
