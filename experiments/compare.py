@@ -94,7 +94,7 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
     once the queue is empty."""
-    dvc(["queue", "start", "-j", str(jobs)], repo)
+    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
 
     def read() -> dict[str, str]:
         states = queue_states(repo)

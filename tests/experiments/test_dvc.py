@@ -76,3 +76,25 @@ def test_exp_show_is_read_again_when_a_running_experiment_finishes_while_it_is_r
     assert len(calls) == 1
     with pytest.raises(ValueError, match="attempts=0"):
         module.experiments_shown("/r/repo", attempts=0)
+
+
+def test_a_command_that_leaves_processes_returns_when_it_ends(tmp_path, monkeypatch):
+    """``dvc queue start`` leaves a daemon per worker holding its standard output; with ``leaves_processes`` the call
+    returns when the command ends and keeps its output (read from a pipe, it waited for the daemon: with two workers
+    one may never end, and `compare --run` hung)."""
+    import os
+    import time
+
+    import experiments.dvc as dvc_module
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "dvc"
+    fake.write_text("#!/bin/sh\nsleep 30 &\necho started $1\n")  # a child that keeps the inherited output open
+    fake.chmod(0o755)
+    monkeypatch.setattr(dvc_module, "dvc_env", lambda: {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    start = time.monotonic()
+    assert dvc(["queue"], tmp_path, leaves_processes=True).strip() == "started queue"
+    assert time.monotonic() - start < 10
+    with pytest.raises(subprocess.TimeoutExpired):  # what the pipe did: wait for the child
+        dvc(["queue"], tmp_path, timeout=3)
