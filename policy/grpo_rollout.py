@@ -167,10 +167,13 @@ class VLLMLoRARollout:
         self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed, gpu_memory_utilization=self.gpu_memory,
                                max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs,
                                compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
-                               enable_lora=True, max_lora_rank=self.lora_rank(), max_loras=1,
-                               enable_prefix_caching=True)
+                               enable_prefix_caching=True, **self.engine_options())
         self.seconds["engine_start"] += time.perf_counter() - t0
         return self.engine
+
+    def engine_options(self) -> dict[str, Any]:
+        """The engine's options beyond the shared ones: LoRA, for the trainer's adapter's rank."""
+        return {"enable_lora": True, "max_lora_rank": self.lora_rank(), "max_loras": 1}
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, Any]:
         if trainer is None:
@@ -268,27 +271,21 @@ class VLLMMergedRollout(VLLMLoRARollout):
 
     def start(self) -> Any:
         import os
-        import time
-
-        import vllm
 
         key = "VLLM_ENABLE_V1_MULTIPROCESSING"
         before = os.environ.get(key)
         os.environ[key] = "0"  # the engine's model in this process, where load_weights reaches it (read at start)
-        t0 = time.perf_counter()
         try:
-            self.engine = vllm.LLM(model=self.base, dtype="bfloat16", seed=self.seed,
-                                   gpu_memory_utilization=self.gpu_memory, max_model_len=self.max_model_len,
-                                   max_num_seqs=self.max_num_seqs,
-                                   compilation_config={"max_cudagraph_capture_size": self.max_num_seqs},
-                                   enable_prefix_caching=True)
+            return super().start()
         finally:
             if before is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = before
-        self.seconds["engine_start"] += time.perf_counter() - t0
-        return self.engine
+
+    def engine_options(self) -> dict[str, Any]:
+        """No LoRA: the engine holds the merged weights."""
+        return {}
 
     def hand_over(self, engine: Any, k: int) -> None:
         """Load cycle ``k``'s merged weights into the engine (``seconds['adapter_merge']`` computing them,
@@ -302,7 +299,6 @@ class VLLMMergedRollout(VLLMLoRARollout):
         engine.reset_prefix_cache()
         self.seconds["adapter_merge"] = self.seconds.get("adapter_merge", 0.0) + t1 - t0
         self.seconds["adapter_load"] += time.perf_counter() - t1
-        return None
 
 
 def engine_model(engine: Any) -> Any:
