@@ -192,6 +192,11 @@ class TrainSettings(_Section):
         "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
         "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
         "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
+    compile_mode: Literal["default", "reduce-overhead"] = Field(
+        "default", description="torch.compile's mode for what torch_compile compiles: 'default', or 'reduce-overhead' "
+        "(CUDA graphs: each compiled region's kernels replayed as one graph per shape, so the CPU no longer launches "
+        "them one by one; more GPU memory, one graph per padded shape). Only on CUDA; a step whose GPU waits on the "
+        "CPU (ENV_ENGINEER_TRAIN_PROFILE's gpu_busy_share well below 1) is what it can shorten.")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "

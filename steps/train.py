@@ -121,7 +121,16 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
             "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
             "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
+            # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
+            "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
+                                   and compile_mode(config, device) != "default" else None),
             "pad_to_multiple_of": padding_multiple(config, compiled)}
+
+
+def compile_mode(config: TrainSettings, device: str) -> str:
+    """torch.compile's mode for the training passes: ``compile_mode`` on CUDA, 'default' elsewhere (CUDA graphs need
+    CUDA)."""
+    return config.compile_mode if device == "cuda" else "default"
 
 
 def compiles(config: TrainSettings, phase: Literal["sft", "grpo"]) -> bool:
@@ -154,9 +163,10 @@ def attention_kernels(setting: str, device: str) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
-    """Each decoder layer compiled on its own while inside (``compile_scope: layers``), plain again after; raises when
-    the model names no decoder layers (set compile_scope to 'model' then)."""
+def compiled_layers(model: Any, enabled: bool, mode: str = "default") -> Iterator[list[Any]]:
+    """Each decoder layer compiled on its own while inside (``compile_scope: layers``), in torch.compile's ``mode``
+    (``compile_mode``), plain again after; raises when the model names no decoder layers (set compile_scope to 'model'
+    then)."""
     if not enabled:
         yield []
         return
@@ -168,7 +178,7 @@ def compiled_layers(model: Any, enabled: bool) -> Iterator[list[Any]]:
         # not dynamic=True: compiled dynamic from the start, a warm-start step's first pass took 95 s on an H200 against
         # 17 s, and the epoch's short last batch still recompiled; torch's default compiles the first shape, then
         # once more with the changed dimensions dynamic (two recompilations of about 18 s in a 1,173-step warm start)
-        layer.compile()
+        layer.compile(mode=None if mode == "default" else mode)
     try:
         yield layers
     finally:
@@ -208,7 +218,8 @@ def training_kernels(model: Any, config: TrainSettings, device: str, phase: Lite
         stack.enter_context(lora_uncast(model, lora))
         stack.enter_context(packed_attention(model, device, phase == "sft" and config.sft_padding_free))
         stack.enter_context(attention_kernels(config.attention_kernel, device))
-        stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers"))
+        stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers",
+                                            compile_mode(config, device)))
         yield
 
 
@@ -319,6 +330,22 @@ def profile_callback(phase: str, first: int = 5, last: int = 14) -> Any:
     return Profile()
 
 
+def graph_steps(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> Any:
+    """With CUDA graphs (``compile_mode: reduce-overhead`` in a compiled phase), a trainer callback that tells torch
+    each optimizer step begins a new iteration (``torch.compiler.cudagraph_mark_step_begin``), so the graphs' output
+    buffers of the step before may be reused; None otherwise."""
+    if not compiles(config, phase) or compile_mode(config, device) == "default":
+        return None
+    import torch
+    from transformers import TrainerCallback
+
+    class GraphSteps(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            torch.compiler.cudagraph_mark_step_begin()
+
+    return GraphSteps()
+
+
 def step_clock(phases: dict[str, float] | None = None, label: str = "", report: bool = False) -> Any:
     """A trainer callback whose ``seconds`` lists the wall seconds of each optimizer step (the first ones hold any
     compilation), so a stage's metrics show where its time went. With ``phases`` (the totals :func:`phase_clock`
@@ -411,6 +438,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     clock = step_clock()
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
+                                                graph_steps(config, device, "sft"),
                                                 profile_callback("sft")) if c is not None])
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
@@ -472,6 +500,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
                           processing_class=tok, rollout_func=rollout_func,
                           callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
+                                                 graph_steps(config, device, "grpo"),
                                                  profile_callback("grpo")) if c is not None])
     start = time.perf_counter()
     try:

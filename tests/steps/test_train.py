@@ -366,6 +366,47 @@ def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_di
         pass
 
 
+def test_compile_mode_reaches_the_layers_or_the_trainer_on_cuda_only(tmp_path, monkeypatch):
+    """``compile_mode: reduce-overhead`` compiles each layer in that mode (scope 'layers') or goes to the trainer's
+    ``torch_compile_mode`` (scope 'model'; transformers compiles the whole model whenever a mode is set, so never with
+    'layers'), and marks every optimizer step for CUDA graphs; on the CPU it is 'default' throughout."""
+    import torch
+
+    from steps.train import _common_args, compiled_layers, graph_steps
+
+    graphs = TrainSettings(torch_compile="sft", compile_scope="layers", compile_mode="reduce-overhead")
+    model = torch.nn.Linear(4, 4)
+    assert _common_args(graphs, "cuda", tmp_path, model, "sft")["torch_compile_mode"] is None
+    whole = graphs.model_copy(update={"compile_scope": "model"})
+    assert _common_args(whole, "cuda", tmp_path, model, "sft")["torch_compile_mode"] == "reduce-overhead"
+    assert _common_args(whole, "cuda", tmp_path, model, "grpo")["torch_compile_mode"] is None  # grpo not compiled
+    assert _common_args(whole, "cpu", tmp_path, model, "sft")["torch_compile_mode"] is None
+    assert graph_steps(graphs, "cuda", "sft") is not None
+    assert graph_steps(graphs, "cuda", "grpo") is None and graph_steps(graphs, "cpu", "sft") is None
+    assert graph_steps(TrainSettings(torch_compile=True), "cuda", "sft") is None
+    with pytest.raises(ValidationError, match="compile_mode"):
+        TrainSettings(compile_mode="max-autotune")
+
+    modes = []
+
+    class Layer(torch.nn.Module):
+        def compile(self, mode=None):
+            modes.append(mode)
+
+    class Model(torch.nn.Module):
+        _no_split_modules = ["Layer"]
+
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+
+    with compiled_layers(Model(), True, "reduce-overhead"):
+        pass
+    with compiled_layers(Model(), True):
+        pass
+    assert modes == ["reduce-overhead", "reduce-overhead", None, None]
+
+
 def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
     import torch
 
