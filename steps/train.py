@@ -283,6 +283,16 @@ PROFILE_ENV = "ENV_ENGINEER_TRAIN_PROFILE"
 profiled steps against the GPU kernels' busy seconds: a small share means the step waits on the CPU)."""
 
 
+def kernel_microseconds(events: Any) -> float:
+    """The GPU kernels' busy microseconds in a profile's averaged events, as torch's own table totals them: the events
+    that ran on a device, not the CPU-side events and annotations (a compiled graph's call, an optimizer step) that
+    also carry their kernels' time, which summing every event would count twice."""
+    from torch.autograd import DeviceType
+
+    return sum(e.self_device_time_total for e in events
+               if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False))
+
+
 def profile_callback(phase: str, first: int = 5, last: int = 14) -> Any:
     """A trainer callback that profiles optimizer steps ``first``..``last`` when $ENV_ENGINEER_TRAIN_PROFILE names a
     folder (None otherwise)."""
@@ -317,7 +327,7 @@ def profile_callback(phase: str, first: int = 5, last: int = 14) -> Any:
             wall = time.perf_counter() - self.start
             self.prof.__exit__(None, None, None)
             events = self.prof.key_averages()
-            device_us = sum(getattr(e, "self_device_time_total", 0) for e in events)
+            device_us = kernel_microseconds(events)
             out.mkdir(parents=True, exist_ok=True)
             by_gpu = events.table(sort_by="self_device_time_total", row_limit=40) if device_us else ""
             atomic_write_text(out / f"{phase}-ops.txt", by_gpu + "\n\n" + events.table(sort_by="self_cpu_time_total",

@@ -348,6 +348,22 @@ def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage
     assert "aten::" in (tmp_path / "prof" / "sft-ops.txt").read_text()
 
 
+def test_kernel_time_counts_device_events_once():
+    """The busy share's kernel time sums the device's events only: a compiled graph's call (a CPU event carrying its
+    kernels' time, as with CUDA graphs) and user annotations are not counted again (they doubled it on an H200)."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from steps.train import kernel_microseconds
+
+    events = [SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=300.0, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=100.0, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CPU, self_device_time_total=400.0, is_user_annotation=False),
+              SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=400.0, is_user_annotation=True)]
+    assert kernel_microseconds(events) == 400.0
+
+
 def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
