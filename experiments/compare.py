@@ -90,15 +90,38 @@ def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     return args + list(item.get("targets", ()))
 
 
-def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0) -> dict[str, str]:
+QUEUE_STALL_SECONDS = 180.0
+"""How long :func:`run_queue` waits with experiments unfinished and no DVC worker answering before it gives up."""
+
+
+class QueueStalled(RuntimeError):
+    """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end."""
+
+
+def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
+              stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
-    once the queue is empty."""
+    once the queue is empty; when none has answered for ``stall_seconds`` while some of ``names`` are unfinished (a
+    worker killed, or stopped by hand), raises :class:`QueueStalled` naming them and how to go on, instead of waiting
+    forever."""
     dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
+    seen = time.monotonic()
 
     def read() -> dict[str, str]:
-        states = queue_states(repo)
-        return {name: states.get(name, "Queued") for name in names}
+        nonlocal seen
+        states, workers = queue_status(repo)
+        mine = {name: states.get(name, "Queued") for name in names}
+        now = time.monotonic()
+        if workers or all(state in ("Success", "Failed") for state in mine.values()):
+            seen = now
+        elif now - seen > stall_seconds:
+            open_ = ", ".join(f"{name} ({state.lower()})" for name, state in mine.items()
+                              if state not in ("Success", "Failed"))
+            raise QueueStalled(f"DVC's queue has had no worker for {now - seen:.0f} s while {open_} did not finish: "
+                               f"`dvc queue logs NAME` shows where one stopped; run compare again with --run (finished "
+                               f"experiments are kept) or `dvc queue start -j {jobs}` to go on")
+        return mine
 
     mine = wait_until_final(read, ("Success", "Failed"), "queue", poll_seconds)
     # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
@@ -222,15 +245,18 @@ def _count(states: dict[str, str]) -> dict[str, int]:
     return out
 
 
-def queue_states(repo: Path) -> dict[str, str]:
-    """Name -> status (Queued, Running, Success, Failed) of the experiments in DVC's queue; a name queued again has the
-    status of its newest task."""
+def queue_status(repo: Path) -> tuple[dict[str, str], int]:
+    """``dvc queue status``: name -> status (Queued, Running, Success, Failed) of the experiments in DVC's queue (a
+    name queued again has the status of its newest task), and how many workers answered (active and idle)."""
     states = {}
+    workers = 0
     for line in dvc(["queue", "status"], repo).splitlines()[1:]:
         parts = line.split()
-        if len(parts) >= 3 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
+        if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
+            workers = sum(int(word) for word in parts if word.isdigit())
+        elif len(parts) >= 3 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
             states[parts[1]] = parts[-1]
-    return states
+    return states, workers
 
 
 def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -531,7 +557,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
                   "started from (`dvc exp list -A` lists all; `dvc queue logs NAME` says why one failed); run them "
                   "with --run", file=sys.stderr)
-    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError) as e:
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     atomic_write_text(args.out_json, json.dumps(table, indent=2))

@@ -1,5 +1,6 @@
 import json
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -306,3 +307,30 @@ def test_workspaces_give_the_records_dvc_exp_show_gives(tmp_path):
     assert "50.0 (one seed)" in render(table) and table["heuristic"]["configs"]["1"]["size"]["mean"] == pytest.approx(3.0)
     with pytest.raises(ValueError, match="no experiment folder"):
         workspace_records(tmp_path / "notes", stages)
+
+
+def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
+    """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
+    (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
+    and a wave whose experiments all finished returns even after the workers stopped."""
+    from experiments import compare
+
+    replies = []
+
+    def fake_dvc(args, repo, leaves_processes=False):
+        if args[:2] == ["queue", "start"]:
+            return ""
+        return replies.pop(0) if len(replies) > 1 else replies[0]
+
+    table = "Task     Name  Created  Status\n{}\n\nWorker status: {} active, {} idle\n"
+    monkeypatch.setattr(compare, "dvc", fake_dvc)
+    replies[:] = [table.format("abc1234  e1  10:00  Running", 0, 0)]
+    with pytest.raises(compare.QueueStalled, match=r"e1 \(running\).*dvc queue logs"):
+        compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05)
+    replies[:] = [table.format("abc1234  e1  10:00  Running", 1, 0)] * 12 + [
+        table.format("abc1234  e1  10:00  Success", 0, 0)]
+    monkeypatch.setattr(compare, "dvc", lambda args, repo, leaves_processes=False: (
+        "" if args[:2] == ["queue", "start"] else "e1\n" if args[:2] == ["exp", "list"] else
+        replies.pop(0) if len(replies) > 1 else replies[0]))
+    assert compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05) == {"e1": "Success"}
+    assert compare.queue_status(Path(".")) == ({"e1": "Success"}, 0)
