@@ -170,7 +170,8 @@ class TrainSettings(_Section):
         "model on an H200 but 60-100 s more to start, docs/benchmarks.md), 'vllm-merged' (as vllm-lora, but the engine, "
         "in the trainer's process, gets the base weights with the adapter merged in every generation cycle and decodes "
         "without LoRA; the trainer's own weights stay unmerged; 142-144 steady trajectories/s against vllm-lora's "
-        "123-140 for the embedded model on one H200, then 144-169 with token ids only and one weight load), 'auto' (backend on CUDA unless vLLM is used, else trl).")
+        "123-140 for the embedded model on one H200, then 144-169 with token ids only and one weight load), 'auto' "
+        "(backend on CUDA unless vLLM is used, else trl).")
     continuous_batching: bool = Field(
         False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
         "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
