@@ -20,6 +20,23 @@ orientation); two such staircases share a cell, at the same time: a vertex confl
 cost, under the project's rules (agents stay on their goals; only vertex meetings are used), so no optimal plan is
 lost. The classic case (both agents on shortest paths from their starts, Li et al.'s "R") satisfies both conditions;
 an agent that has been delayed does not, and its conflicts are left to the other splits.
+
+**Second split: from the starts** (``CBSOptions.rectangle_starts``; the barriers of Li et al.'s ``R``). It is tried
+when the first fails and both agents have moved every step since time 0 towards the conflict, from starts ``s_N``
+and ``s_W`` on the two side lines of the corner ``Rs`` (in travel coordinates ``x_N < x_W = Rs.x`` and
+``y_W < y_N = Rs.y``) at the same distance from it (``x_N + y_N = x_W + y_W``; true when they meet on time). For a far
+corner ``F >= Rs``, ``N`` may not stand on row ``x = F.x`` at any column ``y_N <= y <= F.y`` at time
+``|s_N - (F.x, y)|`` (the Manhattan distance), and ``W`` may not stand on column ``y = F.y`` at any row
+``x_W <= x <= F.x`` at time ``|s_W - (x, F.y)|``. Proof that every pair of plans obeys one child: an agent on such a
+cell at that time has moved towards it every step, a monotone staircase from its start, whatever the obstacles.
+``N``'s, from the time it reaches row ``x_W``, stays in the rectangle ``[x_W, F.x] x [y_N, F.y]`` and crosses it from
+its top row to its bottom row; ``W``'s, from the time it reaches column ``y_N``, crosses it from its left column to
+its right column. Two such 4-connected paths share a cell ``u``, where each is at its Manhattan distance from its
+start, equal for both since the starts' coordinate sums are: a vertex conflict. This holds for any ``F >= Rs`` and
+any paths, so ``F`` is chosen for use, not for soundness: the largest of ``Rg``, ``(Rg.x, u.y)``, ``(u.x, Rg.y)`` and
+the conflict's cell ``u`` whose barriers both current paths cross (at ``u`` itself they always do). This catches the
+rectangles whose first split fails on condition 2 (a start on a side line lets that agent enter across the other
+side as well) or because one path leaves across the other far side.
 """
 
 from __future__ import annotations
@@ -83,6 +100,50 @@ def rectangle_conflict(search: CBS, node: Node, conflict: Conflict, mdd_a: MDD,
         priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
         rect_conflict = Conflict(Kind.RECTANGLE, west, north, t, conflict.u, -1, (bar_w, bar_n))
         return rect_conflict, (priority, Kind.RECTANGLE, t)
+    if search.options.rectangle_starts and seg1[0] == 0 and seg2[0] == 0:
+        return _from_starts(search, node, conflict, (s1, s2), rg, (cx, cy), (dr, dc), mdd_a, mdd_b)
+    return None
+
+
+def _from_starts(search: CBS, node: Node, conflict: Conflict, starts: tuple[tuple[int, int], tuple[int, int]],
+                 rg: tuple[int, int], meet: tuple[int, int], direction: tuple[int, int], mdd_a: MDD,
+                 mdd_b: MDD) -> tuple[Conflict, tuple[int, int, int]] | None:
+    """The second split of the module docstring, for two agents that have moved every step since time 0 towards their
+    meeting cell ``meet``: the far corner is the largest of ``rg``, ``(rg.x, meet.y)``, ``(meet.x, rg.y)`` and ``meet``
+    whose barriers both current paths cross (at ``meet`` they always do); None when the starts are not on the two side
+    lines at the same distance from the corner."""
+    (s1, s2), a, b = starts, conflict.a, conflict.b
+    if s1[0] < s2[0] and s1[1] > s2[1]:
+        north, west, sn, sw = a, b, s1, s2
+    elif s2[0] < s1[0] and s2[1] > s1[1]:
+        north, west, sn, sw = b, a, s2, s1
+    else:
+        return None
+    if sn[0] + sn[1] != sw[0] + sw[1]:
+        return None
+    grid, ncell = search.grid, search.ncell
+    free, width = grid.free, grid.width
+    dr, dc = direction
+
+    def key(x: int, y: int, time: int) -> int | None:
+        cell = (dr * x) * width + dc * y
+        return time * ncell + cell if free[cell] else None
+
+    for far in (rg, (rg[0], meet[1]), (meet[0], rg[1]), meet):
+        if far[0] < sw[0] or far[1] < sn[1] or far == (sw[0], sn[1]):
+            continue
+        bar_n = tuple(k for y in range(sn[1], far[1] + 1)
+                      if (k := key(far[0], y, far[0] - sn[0] + y - sn[1])) is not None)
+        bar_w = tuple(k for x in range(sw[0], far[0] + 1)
+                      if (k := key(x, far[1], x - sw[0] + far[1] - sw[1])) is not None)
+        if not (_violates(node.paths[west], bar_w, ncell) and _violates(node.paths[north], bar_n, ncell)):
+            continue
+        mdd_w, mdd_n = (mdd_a, mdd_b) if west == a else (mdd_b, mdd_a)
+        one = _blocks(grid, mdd_w, bar_w, ncell, node.cons[west].edge)
+        two = _blocks(grid, mdd_n, bar_n, ncell, node.cons[north].edge)
+        priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
+        return (Conflict(Kind.RECTANGLE, west, north, conflict.t, conflict.u, -1, (bar_w, bar_n)),
+                (priority, Kind.RECTANGLE, conflict.t))
     return None
 
 

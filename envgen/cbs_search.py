@@ -63,6 +63,10 @@ class CBSOptions:
             way. Which conflict is split first can decide whether a large instance takes a second or minutes, in
             both directions: over twelve MovingAI scenarios neither rule solved more agents within 10 s on every one
             (docs/solver.md), so the default keeps the plans the generator has always stored.
+        rectangle_starts: with rectangle_reasoning, also the rectangles of two agents that have moved every step
+            since their starts on the two side lines of a corner, with barriers reaching back to the starts (the second
+            split of :mod:`envgen.cbs_rectangle`, sound for any paths). Off: the first split only, as the generator's
+            versions 2 and 3 search (their stored plans and node limits came from that search).
     """
 
     prioritize_conflicts: bool = True
@@ -76,6 +80,7 @@ class CBSOptions:
     inherit_weights: bool = True
     independence: bool = True
     conflict_ties: Literal["earliest", "pairs"] = "earliest"
+    rectangle_starts: bool = True
 
     def __post_init__(self) -> None:
         if self.heuristic not in ("none", "cg", "wdg"):

@@ -543,3 +543,33 @@ def test_a_settle_branch_reuses_the_mdds_of_agents_it_cannot_touch(monkeypatch):
     assert isinstance(fast, Solved) and isinstance(whole, Solved) and fast.soc == whole.soc
     assert fast.nodes == whole.nodes  # the same tree: only the memo hits differ
     assert with_relevance < builds["n"]
+
+
+def test_rectangles_from_the_starts_fire_and_keep_the_optimum(monkeypatch):
+    """The second rectangle split (barriers reaching back to the starts) on MovingAI random-32-32-10 even-1, where the
+    first split turns most rectangles down: at 70 agents it fires and both settings find the same optimum; at 75 it
+    fires and finds CBSH2-RTC's optimum (sum of costs 1,639, docs/solver.md), where the first split alone took 14,231
+    nodes."""
+    import envgen.cbs_rectangle as rectangle
+
+    found = []
+    original = rectangle._from_starts
+
+    def counting(*args):
+        got = original(*args)
+        if got is not None:
+            found.append(got)
+        return got
+
+    monkeypatch.setattr(rectangle, "_from_starts", counting)
+    folder = bench_path("random-32-32-10")
+    seventy = load_instance(folder / "random-32-32-10.map", folder / "random-32-32-10-even-1.scen", 70)
+    budget = SolverBudget(max_nodes=5_000, max_seconds=120)
+    with_starts = solve(seventy, budget, CBSOptions())
+    assert found and isinstance(with_starts, Solved)
+    found.clear()
+    without = solve(seventy, budget, CBSOptions(rectangle_starts=False))
+    assert not found and isinstance(without, Solved) and without.soc == with_starts.soc == 1508
+    got = solve(load_instance(folder / "random-32-32-10.map", folder / "random-32-32-10-even-1.scen", 75), budget,
+                CBSOptions())
+    assert isinstance(got, Solved) and got.soc == 1639 and found
