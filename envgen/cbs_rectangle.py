@@ -92,14 +92,9 @@ def rectangle_conflict(search: CBS, node: Node, conflict: Conflict, mdd_a: MDD,
         free = grid.free
         bar_w = tuple(k for k in rect.side("east", ncell) if free[k % ncell])
         bar_n = tuple(k for k in rect.side("south", ncell) if free[k % ncell])
-        if not (_violates(node.paths[west], bar_w, ncell) and _violates(node.paths[north], bar_n, ncell)):
-            continue
-        mdd_w, mdd_n = (mdd_a, mdd_b) if west == conflict.a else (mdd_b, mdd_a)
-        one = _blocks(grid, mdd_w, bar_w, ncell, node.cons[west].edge)
-        two = _blocks(grid, mdd_n, bar_n, ncell, node.cons[north].edge)
-        priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
-        rect_conflict = Conflict(Kind.RECTANGLE, west, north, t, conflict.u, -1, (bar_w, bar_n))
-        return rect_conflict, (priority, Kind.RECTANGLE, t)
+        found = _split(search, node, conflict, (west, north), (bar_w, bar_n), mdd_a, mdd_b)
+        if found is not None:
+            return found
     if search.options.rectangle_starts and seg1[0] == 0 and seg2[0] == 0:
         return _from_starts(search, node, conflict, (s1, s2), rg, (cx, cy), (dr, dc), mdd_a, mdd_b)
     return None
@@ -121,8 +116,7 @@ def _from_starts(search: CBS, node: Node, conflict: Conflict, starts: tuple[tupl
         return None
     if sn[0] + sn[1] != sw[0] + sw[1]:
         return None
-    grid, ncell = search.grid, search.ncell
-    free, width = grid.free, grid.width
+    ncell, free, width = search.ncell, search.grid.free, search.grid.width
     dr, dc = direction
 
     def key(x: int, y: int, time: int) -> int | None:
@@ -136,15 +130,25 @@ def _from_starts(search: CBS, node: Node, conflict: Conflict, starts: tuple[tupl
                       if (k := key(far[0], y, far[0] - sn[0] + y - sn[1])) is not None)
         bar_w = tuple(k for x in range(sw[0], far[0] + 1)
                       if (k := key(x, far[1], x - sw[0] + far[1] - sw[1])) is not None)
-        if not (_violates(node.paths[west], bar_w, ncell) and _violates(node.paths[north], bar_n, ncell)):
-            continue
-        mdd_w, mdd_n = (mdd_a, mdd_b) if west == a else (mdd_b, mdd_a)
-        one = _blocks(grid, mdd_w, bar_w, ncell, node.cons[west].edge)
-        two = _blocks(grid, mdd_n, bar_n, ncell, node.cons[north].edge)
-        priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
-        return (Conflict(Kind.RECTANGLE, west, north, conflict.t, conflict.u, -1, (bar_w, bar_n)),
-                (priority, Kind.RECTANGLE, conflict.t))
+        found = _split(search, node, conflict, (west, north), (bar_w, bar_n), mdd_a, mdd_b)
+        if found is not None:
+            return found
     return None
+
+
+def _split(search: CBS, node: Node, conflict: Conflict, agents: tuple[int, int], barriers: tuple[tuple[int, ...], ...],
+           mdd_a: MDD, mdd_b: MDD) -> tuple[Conflict, tuple[int, int, int]] | None:
+    """The rectangle conflict forbidding ``barriers[i]`` to ``agents[i]`` (west, then north) in one child each, ranked
+    by whether every path of each agent's MDD crosses its barrier; None unless both current paths cross theirs."""
+    ncell = search.ncell
+    if not all(_violates(node.paths[agent], bar, ncell) for agent, bar in zip(agents, barriers)):
+        return None
+    mdds = {conflict.a: mdd_a, conflict.b: mdd_b}
+    one, two = (_blocks(search.grid, mdds[agent], bar, ncell, node.cons[agent].edge)
+                for agent, bar in zip(agents, barriers))
+    priority = Priority.CARDINAL if one and two else Priority.SEMI if one or two else Priority.NON
+    return (Conflict(Kind.RECTANGLE, *agents, conflict.t, conflict.u, -1, tuple(barriers)),
+            (priority, Kind.RECTANGLE, conflict.t))
 
 
 def _segment(path: list[int], t: int, width: int) -> tuple[int, int, int, int] | None:

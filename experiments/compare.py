@@ -94,6 +94,10 @@ QUEUE_STALL_SECONDS = 180.0
 """How long :func:`run_queue` waits with experiments unfinished and no DVC worker answering before it gives up."""
 
 
+QUEUE_FINAL = ("Success", "Failed")
+"""The states of a DVC queue task that will not change any more."""
+
+
 class QueueStalled(RuntimeError):
     """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end."""
 
@@ -113,17 +117,17 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
         states, workers = queue_status(repo)
         mine = {name: states.get(name, "Queued") for name in names}
         now = time.monotonic()
-        if workers or all(state in ("Success", "Failed") for state in mine.values()):
+        if workers or all(state in QUEUE_FINAL for state in mine.values()):
             seen = now
         elif now - seen > stall_seconds:
             open_ = ", ".join(f"{name} ({state.lower()})" for name, state in mine.items()
-                              if state not in ("Success", "Failed"))
+                              if state not in QUEUE_FINAL)
             raise QueueStalled(f"DVC's queue has had no worker for {now - seen:.0f} s while {open_} did not finish: "
                                f"`dvc queue logs NAME` shows where one stopped; run compare again with --run (finished "
                                f"experiments are kept) or `dvc queue start -j {jobs}` to go on")
         return mine
 
-    mine = wait_until_final(read, ("Success", "Failed"), "queue", poll_seconds)
+    mine = wait_until_final(read, QUEUE_FINAL, "queue", poll_seconds)
     # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
     succeeded = {name for name, state in mine.items() if state == "Success"}
     started = time.monotonic()

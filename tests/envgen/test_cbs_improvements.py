@@ -318,16 +318,7 @@ def test_rectangle_reasoning_fires_on_open_boards_and_keeps_the_optimum(monkeypa
     equals the exhaustive joint search's."""
     import envgen.cbs_search as search
 
-    found = []
-    original = search.rectangle_conflict
-
-    def counting(*args):
-        got = original(*args)
-        if got is not None:
-            found.append(got)
-        return got
-
-    monkeypatch.setattr(search, "rectangle_conflict", counting)
+    found = _record_found(monkeypatch, search, "rectangle_conflict")
     rng = random.Random(8)
     options = replace(PLAIN, prioritize_conflicts=True, rectangle_reasoning=True)
     for _ in range(150):
@@ -341,6 +332,22 @@ def test_rectangle_reasoning_fires_on_open_boards_and_keeps_the_optimum(monkeypa
         assert isinstance(got, Solved) == isinstance(exact, JointPlan), inst.to_str()
         assert not isinstance(got, Solved) or got.soc == exact.soc, inst.to_str()
     assert len(found) > 20
+
+
+def _record_found(monkeypatch, module, name: str) -> list:
+    """Wrap ``module.name`` (a function that finds a conflict or returns None) so that what it finds is appended to
+    the returned list."""
+    found = []
+    original = getattr(module, name)
+
+    def recording(*args):
+        got = original(*args)
+        if got is not None:
+            found.append(got)
+        return got
+
+    monkeypatch.setattr(module, name, recording)
+    return found
 
 
 def _crossing(rng: random.Random, n: int) -> tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]:
@@ -552,16 +559,7 @@ def test_rectangles_from_the_starts_fire_and_keep_the_optimum(monkeypatch):
     nodes."""
     import envgen.cbs_rectangle as rectangle
 
-    found = []
-    original = rectangle._from_starts
-
-    def counting(*args):
-        got = original(*args)
-        if got is not None:
-            found.append(got)
-        return got
-
-    monkeypatch.setattr(rectangle, "_from_starts", counting)
+    found = _record_found(monkeypatch, rectangle, "_from_starts")
     folder = bench_path("random-32-32-10")
     seventy = load_instance(folder / "random-32-32-10.map", folder / "random-32-32-10-even-1.scen", 70)
     budget = SolverBudget(max_nodes=5_000, max_seconds=120)
