@@ -200,7 +200,9 @@ class TrainSettings(_Section):
         "them one by one; more GPU memory, one graph per padded shape). Only on CUDA; a step whose GPU waits on the "
         "CPU (ENV_ENGINEER_TRAIN_PROFILE's gpu_busy_share well below 1) is what it can shorten. The starting policy's "
         "warm start on an H200 (compiled layers, efficient attention): steps of 0.175 s against 0.20 s, 271-319 s of "
-        "training against 313-363 s, held-out validity within 2 points of the shipped adapter (docs/benchmarks.md).")
+        "training against 313-363 s, held-out validity within 2 points of the shipped adapter; with warm-start batches "
+        "of 256 (padded to multiples of 64) it ran out of the H200's memory, a graph kept per batch length "
+        "(docs/benchmarks.md).")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
