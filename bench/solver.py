@@ -3,6 +3,7 @@ same instances. A script, not a test.
 
     taskset -c 1 python bench/solver.py [--sets training,dense5,jmorag] [--count 300] [--external PATH]
         [--movingai empty-16-16:random-1:20,30] [--largest random-32-32-10:random-1] [--json out.json]
+        [--option rectangle_reasoning=false] [--external-args="--rectangleReasoning R"]
 
 Sets: ``training`` (2 agents, sizes 3..10, 20% holes, half of them head-on draws, as the generator draws its wait
 slots), ``dense5`` (5 agents on 10x10 with half the cells holes), ``jmorag`` (the 38 J-morag 32x32 instances of
@@ -11,11 +12,12 @@ of a MovingAI scenario from ../shared/mapf-benchmarks or tests/data). ``--larges
 until a solver passes ``--cutoff`` seconds.
 
 The project's solver (every improvement on, :class:`envgen.cbs.CBSOptions`; ``--conflict-ties pairs`` for CBSH2-RTC's
-choice among equal conflicts) and the plain search
+choice among equal conflicts, ``--option NAME=VALUE`` for any other option) and the plain search
 (:meth:`CBSOptions.plain`, with the same exhaustive back-ups) run in this process, timed by CPU time
 (``time.process_time``), after the map and the goals' distance tables are built (:func:`preprocess`). The external
 solver is CBSH2-RTC's ``cbs`` binary (github.com/Jiaoyang-Li/CBSH2-RTC, built from source), run with
-``--corridorReasoning None`` on the same instance written as MovingAI files and timed by its own clock (``runtime``:
+``--corridorReasoning None`` (and ``--external-args="--rectangleReasoning R"``, say; an option given there replaces
+the default) on the same instance written as MovingAI files and timed by its own clock (``runtime``:
 CPU seconds of its search, without loading the map or building its heuristic tables). Printed per set: instances
 solved by each, node counts (median, p95), CPU ms (median, p95, max), and the geometric mean of the per-instance
 ratios project/plain and project/external over the instances both solved; sums of costs must agree (a disagreement is
@@ -31,12 +33,13 @@ import math
 import os
 import platform
 import random
+import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,13 +130,20 @@ def write_movingai(inst: Instance, folder: Path) -> tuple[Path, Path]:
     return mp, sc
 
 
-def run_external(binary: str, inst: Instance, cutoff: float) -> Run:
+def external_command(binary: str, mp: Path, sc: Path, agents: int, cutoff: float,
+                     extra: tuple[str, ...] = ()) -> list[str]:
+    """CBSH2-RTC's command line: corridors off unless ``extra`` sets ``--corridorReasoning`` itself (its option parser
+    refuses an option given twice), then ``extra``."""
+    defaults = [] if "--corridorReasoning" in extra else ["--corridorReasoning", "None"]
+    return [binary, "-m", str(mp), "-a", str(sc), "-k", str(agents), "-t", str(cutoff), *defaults, "-s", "1", *extra]
+
+
+def run_external(binary: str, inst: Instance, cutoff: float, extra: tuple[str, ...] = ()) -> Run:
     """CBSH2-RTC on ``inst``: its ``runtime`` (CPU seconds, its own clock) and high-level nodes expanded."""
     with tempfile.TemporaryDirectory() as tmp:
         mp, sc = write_movingai(inst, Path(tmp))
-        out = subprocess.run([binary, "-m", str(mp), "-a", str(sc), "-k", str(inst.num_agents), "-t", str(cutoff),
-                              "--corridorReasoning", "None", "-s", "1"], capture_output=True, text=True,
-                             timeout=cutoff * 3 + 30)
+        out = subprocess.run(external_command(binary, mp, sc, inst.num_agents, cutoff, extra), capture_output=True,
+                             text=True, timeout=cutoff * 3 + 30)
     for line in out.stdout.splitlines():  # "WDG+GR+T+BP with AStar : Optimal,9,5.5e-05,0,12,..."
         head, _, rest = line.rpartition(":")[2].strip().partition(",")
         if head in ("Optimal", "Timeout", "No solutions", "Nodesout"):
@@ -152,12 +162,12 @@ def geomean(xs: list[float]) -> float:
 
 
 def bench_set(name: str, instances: list[Instance], external: str | None, cutoff: float, plain: bool,
-              options: CBSOptions = CBSOptions()) -> dict:
+              options: CBSOptions = CBSOptions(), external_args: tuple[str, ...] = ()) -> dict:
     solvers = {"project": lambda i: run_project(i, options, cutoff)}
     if plain:
         solvers["plain"] = lambda i: run_project(i, CBSOptions.plain(), cutoff)
     if external:
-        solvers["external"] = lambda i: run_external(external, i, cutoff)
+        solvers["external"] = lambda i: run_external(external, i, cutoff, external_args)
     runs = {s: [f(inst) for inst in instances] for s, f in solvers.items()}
     mismatches = [k for k in range(len(instances))
                   if len({r[k].soc for r in runs.values() if r[k].soc is not None}) > 1]
@@ -193,7 +203,8 @@ def bench_set(name: str, instances: list[Instance], external: str | None, cutoff
     return summary
 
 
-def largest(spec: str, external: str | None, cutoff: float, options: CBSOptions = CBSOptions()) -> dict:
+def largest(spec: str, external: str | None, cutoff: float, options: CBSOptions = CBSOptions(),
+            external_args: tuple[str, ...] = ()) -> dict:
     """The largest agent count of ``MAP:SCEN`` each solver solves within ``cutoff`` seconds, adding one agent at a
     time (a solver stops at its first failure)."""
     name, scen = spec.split(":")
@@ -201,7 +212,7 @@ def largest(spec: str, external: str | None, cutoff: float, options: CBSOptions 
     out = {}
     solvers = {"project": lambda i: run_project(i, options, cutoff)}
     if external:
-        solvers["external"] = lambda i: run_external(external, i, cutoff)
+        solvers["external"] = lambda i: run_external(external, i, cutoff, external_args)
     for s, f in solvers.items():
         k = 1
         while k < 1000:
@@ -217,8 +228,33 @@ def largest(spec: str, external: str | None, cutoff: float, options: CBSOptions 
     return out
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_options(pairs: list[str], conflict_ties: str = "earliest") -> CBSOptions:
+    """:class:`CBSOptions` from ``NAME=VALUE`` strings (``--option``), each value read as its field's type (true/false
+    for switches); an unknown name or a value of the wrong type raises ValueError naming the option and the fix."""
+    kinds = {f.name: type(getattr(CBSOptions(), f.name)) for f in fields(CBSOptions)}
+    values: dict = {"conflict_ties": conflict_ties}
+    for pair in pairs:
+        name, sep, raw = pair.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in kinds:
+            raise ValueError(f"--option {pair!r}: write NAME=VALUE with NAME one of {', '.join(sorted(kinds))}")
+        kind = kinds[name]
+        if kind is bool:
+            if raw.lower() not in ("true", "false", "1", "0", "on", "off"):
+                raise ValueError(f"--option {pair!r}: {name} is a switch; write {name}=true or {name}=false")
+            values[name] = raw.lower() in ("true", "1", "on")
+        elif kind is int:
+            try:
+                values[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"--option {pair!r}: {name} is a whole number, e.g. {name}=2") from None
+        else:
+            values[name] = raw
+    return CBSOptions(**values)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sets", default="training,dense5,jmorag", help="comma-separated sets (default %(default)s)")
     parser.add_argument("--count", type=int, default=300, help="drawn instances per drawn set (default %(default)s)")
     parser.add_argument("--external", default=None, help="path of CBSH2-RTC's cbs binary (optional)")
@@ -228,9 +264,18 @@ def main() -> int:
     parser.add_argument("--largest", action="append", default=[], help="MAP:SCEN (repeatable)")
     parser.add_argument("--conflict-ties", choices=["earliest", "pairs"], default="earliest",
                         help="the project's CBSOptions.conflict_ties (default %(default)s, the solver's default)")
+    parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
+                        help="one of the project's CBSOptions, e.g. rectangle_reasoning=false (repeatable)")
+    parser.add_argument("--external-args", default="", metavar="ARGS",
+                        help='extra arguments for the external solver, given with "=": '
+                             '--external-args="--rectangleReasoning R"')
     parser.add_argument("--json", type=Path, default=None, help="write the numbers here")
-    args = parser.parse_args()
-    options = CBSOptions(conflict_ties=args.conflict_ties)
+    args = parser.parse_args(argv)
+    try:
+        options = parse_options(args.option, args.conflict_ties)
+    except ValueError as err:
+        parser.error(str(err))
+    external_args = tuple(shlex.split(args.external_args))
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
     machine = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, running on {cores}, "
                f"Python {platform.python_version()}")
@@ -241,12 +286,16 @@ def main() -> int:
         "jmorag": jmorag,
     }
     results: dict = {"machine": machine, "cutoff_s": args.cutoff, "external": args.external,
-                     "conflict_ties": args.conflict_ties, "sets": {}}
+                     "external_args": list(external_args), "conflict_ties": args.conflict_ties,
+                     "options": asdict(options), "sets": {}}
     for name in [s for s in args.sets.split(",") if s]:
-        results["sets"][name] = bench_set(name, sets[name](), args.external, args.cutoff, not args.no_plain, options)
+        results["sets"][name] = bench_set(name, sets[name](), args.external, args.cutoff, not args.no_plain, options,
+                                          external_args)
     for spec in args.movingai:
-        results["sets"][spec] = bench_set(spec, movingai(spec), args.external, args.cutoff, not args.no_plain, options)
-    results["largest"] = {spec: largest(spec, args.external, args.cutoff, options) for spec in args.largest}
+        results["sets"][spec] = bench_set(spec, movingai(spec), args.external, args.cutoff, not args.no_plain, options,
+                                          external_args)
+    results["largest"] = {spec: largest(spec, args.external, args.cutoff, options, external_args)
+                          for spec in args.largest}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=lambda o: asdict(o)))
