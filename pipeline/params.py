@@ -112,8 +112,9 @@ class TrainSettings(_Section):
     sft_group_by_length: bool = Field(False, description="Draw each warm-start batch from demonstrations of similar "
                                       "length (transformers' group_by_length sampler): less padding, same data, other "
                                       "batches. For the starting policy's warm start on an H200: steady steps 1.3x "
-                                      "faster when compiled, no faster end to end (each new length compiled and "
-                                      "recorded again), 6.6 points less held-out validity (docs/benchmarks.md).")
+                                      "faster when compiled, no faster end to end (with CUDA graphs, compilations and "
+                                      "recordings recurred through the run), 6.6 points less held-out validity "
+                                      "(docs/benchmarks.md).")
     sft_padding_free: bool = Field(
         False, description="Warm-start batches without padding: a batch's demonstrations are laid end to end in one "
         "row and attend only within themselves (TRL's padding_free; on CUDA through flex attention, which computes only "
@@ -201,8 +202,8 @@ class TrainSettings(_Section):
         "CPU (ENV_ENGINEER_TRAIN_PROFILE's gpu_busy_share well below 1) is what it can shorten. The starting policy's "
         "warm start on an H200 (compiled layers, efficient attention): steps of 0.175 s against 0.20 s, 271-319 s of "
         "training against 313-363 s, held-out validity within 2 points of the shipped adapter; with warm-start batches "
-        "of 256 (padded to multiples of 64) it ran out of the H200's memory, a graph kept per batch length "
-        "(docs/benchmarks.md).")
+        "of 256 (padded to multiples of 64) it ran out of the H200's memory (39 of 136 GiB in the graphs' pools; "
+        "docs/benchmarks.md).")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
