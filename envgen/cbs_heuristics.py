@@ -97,14 +97,18 @@ def _greedy_matching(comp: list[int], adj: dict[int, dict[int, int]]) -> int:
 
 
 def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int] = frozenset(),
-               edges_b: frozenset[int] = frozenset()) -> tuple[list[int], list[int]] | bool | None:
+               edges_b: frozenset[int] = frozenset(), depth_first: bool = False) -> tuple[list[int], list[int]] | bool | None:
     """A conflict-free pair of paths, one from each MDD, when there is one; False when there is none; None when
     undecided within :data:`SYNC_LIMIT`.
 
     A breadth-first sweep over joint MDD states level by level (the MDDs merged, Felner et al. 2018); the agent with
     the shorter MDD then stays on its goal. ``edges_*`` are the agents' edge constraints (an MDD's levels alone allow
-    every move between adjacent cells).
+    every move between adjacent cells). ``depth_first``: the same joint states searched depth first, each visited
+    once, so a pair that has a conflict-free way usually shows it after a few states per level, where the sweep
+    builds every level whole; the same answer whenever both decide, with another pair of paths.
     """
+    if depth_first:
+        return _merge_depth_first(grid, mdd_a, mdd_b, ncell, edges_a, edges_b)
     options = grid.options
     la, lb = mdd_a.levels, mdd_b.levels
     len_a, len_b = len(la), len(lb)
@@ -155,3 +159,65 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
     path_a.reverse()
     path_b.reverse()
     return path_a, path_b
+
+
+def _merge_depth_first(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int],
+                       edges_b: frozenset[int]) -> tuple[list[int], list[int]] | bool | None:
+    """:func:`merge_mdds` depth first: joint states ``t * ncell**2 + u * ncell + w`` on a stack, each pushed once,
+    their moves tried in the grid's order; the work counted as the sweep counts it."""
+    options = grid.options
+    la, lb = mdd_a.levels, mdd_b.levels
+    len_a, len_b = len(la), len(lb)
+    last = max(len_a, len_b) - 1
+    square = ncell * ncell
+    start = next(iter(la[0])) * ncell + next(iter(lb[0]))
+    parent: dict[int, int] = {start: -1}
+    stack = [start]
+    kids_a: dict[int, list[int] | tuple[int]] = {}
+    kids_b: dict[int, list[int] | tuple[int]] = {}
+    work = 0
+    while stack:
+        key = stack.pop()
+        t, state = divmod(key, square)
+        if t == last:
+            path_a, path_b = [], []
+            while key >= 0:
+                t, state = divmod(key, square)
+                u, w = divmod(state, ncell)
+                if t < len_a:
+                    path_a.append(u)
+                if t < len_b:
+                    path_b.append(w)
+                key = parent[key]
+            path_a.reverse()
+            path_b.reverse()
+            return path_a, path_b
+        u, w = divmod(state, ncell)
+        nt = t + 1
+        base = nt * ncell
+        ka = nt * ncell + u
+        moves_a = kids_a.get(ka)
+        if moves_a is None:
+            level_a = la[nt] if nt < len_a else None
+            moves_a = kids_a[ka] = [v for v in options[u] if v in level_a and not (
+                edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
+        kb = nt * ncell + w
+        moves_b = kids_b.get(kb)
+        if moves_b is None:
+            level_b = lb[nt] if nt < len_b else None
+            moves_b = kids_b[kb] = [v for v in options[w] if v in level_b and not (
+                edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
+        work += len(moves_a) * len(moves_b)
+        if work > SYNC_LIMIT:
+            return None
+        head = nt * square
+        for v in reversed(moves_a):
+            joint = head + v * ncell
+            swap = v == w
+            for y in reversed(moves_b):
+                if v != y and not (swap and y == u):
+                    child = joint + y
+                    if child not in parent:
+                        parent[child] = key
+                        stack.append(child)
+    return False

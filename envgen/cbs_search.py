@@ -67,6 +67,10 @@ class CBSOptions:
             since their starts on the two side lines of a corner, with barriers reaching back to the starts (the second
             split of :mod:`envgen.cbs_rectangle`, sound for any paths). Off: the first split only, as the generator's
             versions 2 and 3 search (their stored plans and node limits came from that search).
+        merge_order: how the MDD merges behind WDG weights search the two agents' joint states: ``"breadth"``, level by
+            level (the generator's versions 2 and 3), or ``"depth"``, depth first, which usually finds a conflict-free
+            pair after a few states per level and so decides within :data:`envgen.cbs_heuristics.SYNC_LIMIT` more
+            often; the same weights whenever both decide, other witness plans.
     """
 
     prioritize_conflicts: bool = True
@@ -81,6 +85,7 @@ class CBSOptions:
     independence: bool = True
     conflict_ties: Literal["earliest", "pairs"] = "earliest"
     rectangle_starts: bool = True
+    merge_order: Literal["breadth", "depth"] = "breadth"
 
     def __post_init__(self) -> None:
         if self.heuristic not in ("none", "cg", "wdg"):
@@ -97,6 +102,8 @@ class CBSOptions:
             raise ValueError(f"CBSOptions.pair_nodes = {self.pair_nodes}: must be at least 1")
         if self.conflict_ties not in ("pairs", "earliest"):
             raise ValueError(f"CBSOptions.conflict_ties = {self.conflict_ties!r}: use 'pairs' or 'earliest'")
+        if self.merge_order not in ("breadth", "depth"):
+            raise ValueError(f"CBSOptions.merge_order = {self.merge_order!r}: use 'breadth' or 'depth'")
 
     @classmethod
     def plain(cls) -> CBSOptions:
@@ -483,13 +490,14 @@ class CBS:
             self._keep_weight(whole, memo, w)
             return max(w, at_least)
         w = -1
+        depth = self.options.merge_order == "depth"
         for k in range(max(int(cardinal), at_least), self.options.pair_cost + 1):
             undecided = False
             for i in range(k + 1):
                 mdd_a, mdd_b = self._mdd(a, node, i), self._mdd(b, node, k - i)
                 if mdd_a is None or mdd_b is None:
                     continue
-                fits = merge_mdds(self.grid, mdd_a, mdd_b, self.ncell, cons_a.edge, cons_b.edge)
+                fits = merge_mdds(self.grid, mdd_a, mdd_b, self.ncell, cons_a.edge, cons_b.edge, depth)
                 if fits:
                     w = k
                     self.witnesses[memo] = fits

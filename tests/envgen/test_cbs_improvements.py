@@ -38,6 +38,7 @@ ONE_AT_A_TIME = {
     "all_but_inherited_weights": replace(FULL, inherit_weights=False),
     "all_earliest_ties": replace(FULL, conflict_ties="earliest"),
     "prioritize_conflicts_earliest_ties": replace(PLAIN, prioritize_conflicts=True, conflict_ties="earliest"),
+    "all_depth_first_merges": replace(FULL, merge_order="depth"),
 }
 BUDGET = SolverBudget(max_nodes=20_000, max_seconds=60)
 
@@ -164,6 +165,8 @@ def test_options_are_validated():
         CBSOptions(pair_nodes=0)
     with pytest.raises(ValueError, match="conflict_ties = 'random'"):
         CBSOptions(conflict_ties="random")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="merge_order = 'random'"):
+        CBSOptions(merge_order="random")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_joint_states"):
         SolverBudget(max_joint_states=-1)
 
@@ -280,7 +283,8 @@ def test_mdd_levels_are_exactly_the_cells_of_the_paths_of_that_cost():
             assert shortest is not None and len(shortest) - 1 <= cost and cons.allows(shortest, ncell)
 
 
-def test_merged_mdds_agree_with_every_pair_of_paths():
+@pytest.mark.parametrize("depth_first", [False, True])
+def test_merged_mdds_agree_with_every_pair_of_paths(depth_first):
     rng = random.Random(6)
     grid = grid_of(("FFFF", "FHFF", "FFFH"))
     ncell = 12
@@ -293,13 +297,14 @@ def test_merged_mdds_agree_with_every_pair_of_paths():
         m2 = build_mdd(grid, h2, s2, g2, c2, NO_CONSTRAINTS)
         if m1 is None or m2 is None:
             continue
-        got = merge_mdds(grid, m1, m2, ncell)
+        got = merge_mdds(grid, m1, m2, ncell, depth_first=depth_first)
         pairs = [(p, q) for p in _all_paths(grid, s1, g1, c1, NO_CONSTRAINTS)
                  for q in _all_paths(grid, s2, g2, c2, NO_CONSTRAINTS) if not pair_conflicts(0, p, 1, q)]
         assert bool(got) == bool(pairs)
         if got:
             p, q = got
             assert len(p) == c1 + 1 and len(q) == c2 + 1 and not pair_conflicts(0, p, 1, q)
+            assert all(p[t] in m1.levels[t] for t in range(len(p))) and all(q[t] in m2.levels[t] for t in range(len(q)))
 
 
 def test_vertex_cover_is_the_minimum_over_all_value_assignments():
