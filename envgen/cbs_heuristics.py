@@ -127,12 +127,10 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
             u, w = divmod(state, ncell)
             moves_a = kids_a.get(u)
             if moves_a is None:
-                moves_a = kids_a[u] = [v for v in options[u] if v in level_a and not (
-                    edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
+                moves_a = kids_a[u] = _moves(options, u, level_a, edges_a, base, ncell)
             moves_b = kids_b.get(w)
             if moves_b is None:
-                moves_b = kids_b[w] = [v for v in options[w] if v in level_b and not (
-                    edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
+                moves_b = kids_b[w] = _moves(options, w, level_b, edges_b, base, ncell)
             for v in moves_a:
                 joint = v * ncell
                 swap = v == w
@@ -159,6 +157,15 @@ def merge_mdds(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozense
     path_a.reverse()
     path_b.reverse()
     return path_a, path_b
+
+
+def _moves(options: tuple[tuple[int, ...], ...], u: int, level: frozenset[int] | None, edges: frozenset[int], base: int,
+           ncell: int) -> list[int] | tuple[int]:
+    """An agent's moves from ``u`` into its MDD's ``level`` at the time ``base // ncell``, less its edge constraints;
+    staying on ``u`` (its goal) once its MDD has ended (``level`` None)."""
+    if level is None:
+        return (u,)
+    return [v for v in options[u] if v in level and not (edges and v != u and (base + u) * ncell + v in edges)]
 
 
 def _merge_depth_first(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: frozenset[int],
@@ -195,18 +202,12 @@ def _merge_depth_first(grid: Grid, mdd_a: MDD, mdd_b: MDD, ncell: int, edges_a: 
         u, w = divmod(state, ncell)
         nt = t + 1
         base = nt * ncell
-        ka = nt * ncell + u
-        moves_a = kids_a.get(ka)
+        moves_a = kids_a.get(base + u)
         if moves_a is None:
-            level_a = la[nt] if nt < len_a else None
-            moves_a = kids_a[ka] = [v for v in options[u] if v in level_a and not (
-                edges_a and v != u and (base + u) * ncell + v in edges_a)] if level_a is not None else (u,)
-        kb = nt * ncell + w
-        moves_b = kids_b.get(kb)
+            moves_a = kids_a[base + u] = _moves(options, u, la[nt] if nt < len_a else None, edges_a, base, ncell)
+        moves_b = kids_b.get(base + w)
         if moves_b is None:
-            level_b = lb[nt] if nt < len_b else None
-            moves_b = kids_b[kb] = [v for v in options[w] if v in level_b and not (
-                edges_b and v != w and (base + w) * ncell + v in edges_b)] if level_b is not None else (w,)
+            moves_b = kids_b[base + w] = _moves(options, w, lb[nt] if nt < len_b else None, edges_b, base, ncell)
         work += len(moves_a) * len(moves_b)
         if work > SYNC_LIMIT:
             return None
