@@ -121,6 +121,10 @@ class TrainSettings(_Section):
         "the blocks on each demonstration's diagonal). The same examples per step and the same loss as padded batches; "
         "no tokens spent on padding. Measured 1.5x slower per step than padded batches for the embedded model on an "
         "H100 (flex attention's block mask is rebuilt for every batch; docs/benchmarks.md).")
+    log_every: int = Field(
+        1, ge=1, description="Warm-start optimizer steps per log line (loss, gradient norm, learning rate, entropy, "
+        "token accuracy; the loss history has one point per line). Reading them from a GPU makes the CPU wait for it, "
+        "so between log lines the CPU can issue the next steps while the GPU runs the last ones; 1 logs every step.")
     grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")

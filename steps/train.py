@@ -114,12 +114,13 @@ def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool
     return device == "cuda" and parameters >= CHECKPOINTING_MIN_PARAMS
 
 
-def _common_args(config: TrainSettings, device: str, work: Path, model: Any, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
+def _common_args(config: TrainSettings, device: str, work: Path, model: Any, phase: Literal["sft", "grpo"],
+                 log_every: int = 1) -> dict[str, Any]:
     cuda = device == "cuda"
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
     compiled = compiles(config, phase)
-    return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": 1, "seed": config.seed,
-            "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
+    return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": log_every,
+            "seed": config.seed, "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
             "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
@@ -425,20 +426,90 @@ def tokenizer_processes(examples: int) -> int | None:
     return processes if processes >= 2 else None
 
 
+def deferred_metrics_trainer() -> type:
+    """TRL's ``SFTTrainer`` with its per-pass metrics (entropy, token accuracy, tokens seen) kept on the device until a
+    log line reads them. TRL reads them with ``.item()`` after every forward pass, which makes the CPU wait for the GPU
+    before it can issue the backward pass; here they are kept as device tensors and read, all at once, when the trainer
+    logs (every ``log_every`` optimizer steps), with the same values TRL would log. Only TRL's plain path is changed
+    (one process, the negative log-likelihood through TRL's fused LM head, no custom loss, label smoothing, router loss
+    or padding-free rows); any other case, and a TRL without the fused head, runs TRL's own ``compute_loss``."""
+    from trl import SFTTrainer
+
+    try:
+        from trl.trainer.utils import add_fused_lm_head  # noqa: F401  (TRL >= 1.x: the fused outputs used below)
+        fused = True
+    except ImportError:
+        fused = False
+
+    class DeferredMetricsSFTTrainer(SFTTrainer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._pending: dict[str, list[Any]] = defaultdict(list)
+            self._pending_tokens: list[Any] = []
+
+        def _plain(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> bool:
+            return (fused and model.training and not return_outputs and self.accelerator.num_processes == 1
+                    and self.compute_loss_func is None and self.label_smoother is None
+                    and self.args.loss_type == "nll" and not self.aux_loss_enabled and "attention_mask" in inputs)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if not self._plain(model, inputs, return_outputs):
+                return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                            num_items_in_batch=num_items_in_batch)
+            import torch
+
+            inputs["use_cache"] = False
+            outputs = model(**inputs, fused_lm_head=True)
+            valid = outputs.label_mask.sum()
+            num_tokens = valid if num_items_in_batch is None else num_items_in_batch
+            loss = -outputs.log_probs.sum() / torch.as_tensor(num_tokens).clamp(min=1)
+            # TRL's values: per pass, the mean over the completion's tokens, 0 for a pass without any
+            per_token = valid.clamp(min=1)
+            self._pending["entropy"].append(outputs.entropy.detach().sum() / per_token)
+            self._pending["mean_token_accuracy"].append(outputs.is_top1.sum() / per_token)
+            self._pending_tokens.append(inputs["attention_mask"].sum())
+            return loss
+
+        def flush_metrics(self) -> None:
+            """Read the kept metrics off the device (one synchronization) into TRL's own metrics."""
+            import torch
+
+            for key, values in self._pending.items():
+                self._metrics["train"][key].extend(torch.stack(values).tolist())
+            self._pending.clear()
+            if self._pending_tokens:
+                self._total_train_tokens += int(torch.stack(self._pending_tokens).sum())
+                self._pending_tokens.clear()
+                self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            self.flush_metrics()
+            super().log(logs, start_time)
+
+        def tokens_seen(self) -> int:
+            """Non-padding tokens of every training pass so far (TRL's ``num_tokens``), every process's."""
+            self.flush_metrics()
+            return int(self._total_train_tokens)
+
+    return DeferredMetricsSFTTrainer
+
+
 def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, device: str, work: Path,
                progress: bool = True) -> dict[str, Any]:
     """Supervised fine-tuning of the adapter on demonstrations (loss on the completion only)."""
     from datasets import Dataset
-    from trl import SFTConfig, SFTTrainer
+    from trl import SFTConfig
 
     demos = demonstrations(rows[: config.sft_max_examples], style)
     # unset: the whole batch in one pass, or with N processes an N-th of it in each
     micro = config.sft_micro_batch_size or max(1, config.sft_batch_size // world_size())
-    args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft"), num_train_epochs=config.sft_epochs,
+    args = SFTConfig(**_common_args(config, device, work / "sft", model, "sft", log_every=config.log_every),
+                     num_train_epochs=config.sft_epochs,
                      per_device_train_batch_size=micro,
                      gradient_accumulation_steps=accumulation(config.sft_batch_size, micro, world_size(),
                                                               "train.sft_batch_size"),
-                     include_num_input_tokens_seen="non_padding",
+                     # tokens are counted by the trainer below (TRL's num_tokens), not with a read per pass
+                     include_num_input_tokens_seen="no", logging_nan_inf_filter=False,
                      learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, completion_only_loss=True,
                      # padding-free rows are not cut (TRL enforces max_length only on padded batches)
@@ -446,7 +517,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random",
                      padding_free=config.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
     clock = step_clock()
-    trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
+    trainer = deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
                          callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
                                                 graph_steps(config, device, "sft"),
                                                 profile_callback("sft")) if c is not None])
@@ -455,8 +526,9 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
         trainer.train()
     seconds = time.perf_counter() - start
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    tokens = int(trainer.state.num_input_tokens_seen)  # every process's, non-padding
+    tokens = trainer.tokens_seen()  # every process's, non-padding
     return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": seconds,
+            "sft/log_every": config.log_every,
             "sft/tokens": tokens, "sft/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
             "sft/loss_history": losses, "sft/step_seconds": clock.seconds}
@@ -630,7 +702,9 @@ def write_outputs(metrics: dict[str, Any], out_metrics: str | Path, out_details:
         atomic_write_text(out_details, json.dumps(details, indent=2, default=str))
     if out_sft_history is not None:
         losses = metrics.get("sft/loss_history", [])
-        atomic_write_text(out_sft_history, json.dumps([{"step": i + 1, "loss": v} for i, v in enumerate(losses)], indent=1))
+        every = metrics.get("sft/log_every", 1)  # the trainer logs at steps every, 2 * every, ...
+        atomic_write_text(out_sft_history, json.dumps([{"step": (i + 1) * every, "loss": v} for i, v in enumerate(losses)],
+                                                      indent=1))
     if out_grpo_history is not None:
         atomic_write_text(out_grpo_history, json.dumps(metrics.get("train/history", []), indent=1))
 

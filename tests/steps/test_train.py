@@ -320,6 +320,53 @@ def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
+@pytest.mark.parametrize("every", [1, 2])
+def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, monkeypatch, every):
+    """The warm start's trainer keeps TRL's per-pass metrics on the device until a log line reads them: its log lines
+    (loss, gradient norm, entropy, token accuracy, tokens seen) equal those of TRL's own SFTTrainer, logging every step
+    or every other step, and it never runs TRL's compute_loss on this path."""
+    from trl import SFTTrainer
+
+    deferred = train_mod.deferred_metrics_trainer
+    made, trl_calls = {}, []
+
+    class Trl(SFTTrainer):  # TRL's own compute_loss and metrics
+        def tokens_seen(self):
+            return int(self._total_train_tokens)
+
+    original = SFTTrainer.compute_loss
+
+    def counted(self, *args, **kwargs):
+        trl_calls.append(type(self).__name__)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(SFTTrainer, "compute_loss", counted)
+    metrics = {}
+    for name, factory in (("trl", lambda: Trl), ("deferred", deferred)):
+        def capturing(factory=factory, name=name):
+            class Captured(factory()):
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    made[name] = self
+            return Captured
+
+        monkeypatch.setattr(train_mod, "deferred_metrics_trainer", capturing)
+        out = tmp_path / name
+        metrics[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, log_every=every),
+                              out_sft_history=out / "history.json")
+    assert set(trl_calls) == {"Captured"} and len(trl_calls) == made["trl"].state.global_step  # TRL's, once per pass
+    lines = {name: [h for h in trainer.state.log_history if "loss" in h] for name, trainer in made.items()}
+    steps = made["trl"].state.global_step
+    assert steps == 4 and len(lines["trl"]) == len(lines["deferred"]) == steps // every
+    for ours, theirs in zip(lines["deferred"], lines["trl"]):
+        for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens", "learning_rate", "step"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5), key
+    assert metrics["deferred"]["sft/tokens"] == metrics["trl"]["sft/tokens"] == lines["trl"][-1]["num_tokens"] > 0
+    history = json.loads((tmp_path / "deferred" / "history.json").read_text())
+    assert [h["step"] for h in history] == [every * (i + 1) for i in range(steps // every)]
+
+
 def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
