@@ -1,4 +1,5 @@
-"""Pipeline step ``train``: an optional supervised warm start on solver demonstrations (TRL ``SFTTrainer``), then GRPO
+"""Pipeline step ``train``: an optional supervised warm start on solver demonstrations (TRL ``SFTTrainer``, whose
+per-pass metrics stay on the device until a log line: :func:`deferred_metrics_trainer`), then GRPO
 (TRL ``GRPOTrainer``, configured, not subclassed) with the MAPF reward, on a LoRA adapter (PEFT) that starts from the
 previous stage's adapter or fresh.
 
