@@ -526,13 +526,13 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
         trainer.train()
     seconds = time.perf_counter() - start
-    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    losses = [h["loss"] for h in logged]
     tokens = trainer.tokens_seen()  # every process's, non-padding
     return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": seconds,
-            "sft/log_every": config.log_every,
             "sft/tokens": tokens, "sft/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
-            "sft/loss_history": losses, "sft/step_seconds": clock.seconds}
+            "sft/loss_history": losses, "sft/loss_steps": [h["step"] for h in logged], "sft/step_seconds": clock.seconds}
 
 
 def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device: str,
@@ -684,7 +684,7 @@ def _has(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-HISTORIES = ("sft/loss_history", "train/history")
+HISTORIES = ("sft/loss_history", "sft/loss_steps", "train/history")
 """The metrics that are per-step lists: written to the history files, never to the metrics or details files."""
 
 
@@ -703,9 +703,8 @@ def write_outputs(metrics: dict[str, Any], out_metrics: str | Path, out_details:
         atomic_write_text(out_details, json.dumps(details, indent=2, default=str))
     if out_sft_history is not None:
         losses = metrics.get("sft/loss_history", [])
-        every = metrics.get("sft/log_every", 1)  # the trainer logs at steps every, 2 * every, ...
-        atomic_write_text(out_sft_history, json.dumps([{"step": (i + 1) * every, "loss": v} for i, v in enumerate(losses)],
-                                                      indent=1))
+        steps = metrics.get("sft/loss_steps") or range(1, len(losses) + 1)  # the optimizer step of each log line
+        atomic_write_text(out_sft_history, json.dumps([{"step": k, "loss": v} for k, v in zip(steps, losses)], indent=1))
     if out_grpo_history is not None:
         atomic_write_text(out_grpo_history, json.dumps(metrics.get("train/history", []), indent=1))
 
