@@ -121,8 +121,8 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
     checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
     compiled = compiles(config, phase)
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": log_every,
-            "seed": config.seed, "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing, "disable_tqdm": True,
-            "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
+            "seed": config.seed, "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing,
+            "disable_tqdm": True, "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
@@ -518,10 +518,10 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random",
                      padding_free=config.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
     clock = step_clock()
-    trainer = deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos), processing_class=tok,
-                         callbacks=[c for c in (clock, trainer_progress("train (warm start)", progress),
-                                                graph_steps(config, device, "sft"),
-                                                profile_callback("sft")) if c is not None])
+    callbacks = [c for c in (clock, trainer_progress("train (warm start)", progress), graph_steps(config, device, "sft"),
+                             profile_callback("sft")) if c is not None]
+    trainer = deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos),
+                                         processing_class=tok, callbacks=callbacks)
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
         trainer.train()
