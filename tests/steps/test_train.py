@@ -320,11 +320,12 @@ def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, monkeypatch, every):
+@pytest.mark.parametrize("every, micro", [(1, None), (2, None), (1, 2)])
+def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, monkeypatch, every, micro):
     """The warm start's trainer keeps TRL's per-pass metrics on the device until a log line reads them: its log lines
     (loss, gradient norm, entropy, token accuracy, tokens seen) equal those of TRL's own SFTTrainer, logging every step
-    or every other step, and it never runs TRL's compute_loss on this path."""
+    or every other step, with one pass per step or gradients accumulated over two, and it never runs TRL's
+    compute_loss on this path."""
     from trl import SFTTrainer
 
     deferred = train_mod.deferred_metrics_trainer
@@ -353,9 +354,11 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
         monkeypatch.setattr(train_mod, "deferred_metrics_trainer", capturing)
         out = tmp_path / name
         metrics[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, log_every=every),
+                              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, log_every=every,
+                                    sft_micro_batch_size=micro),
                               out_sft_history=out / "history.json")
-    assert set(trl_calls) == {"Captured"} and len(trl_calls) == made["trl"].state.global_step  # TRL's, once per pass
+    passes = made["trl"].state.global_step * (4 // (micro or 4))  # sft_batch_size 4
+    assert set(trl_calls) == {"Captured"} and len(trl_calls) == passes  # TRL's own, once per pass
     lines = {name: [h for h in trainer.state.log_history if "loss" in h] for name, trainer in made.items()}
     steps = made["trl"].state.global_step
     assert steps == 4 and len(lines["trl"]) == len(lines["deferred"]) == steps // every
