@@ -703,7 +703,7 @@ def write_outputs(metrics: dict[str, Any], out_metrics: str | Path, out_details:
         atomic_write_text(out_details, json.dumps(details, indent=2, default=str))
     if out_sft_history is not None:
         losses = metrics.get("sft/loss_history", [])
-        steps = metrics.get("sft/loss_steps") or range(1, len(losses) + 1)  # the optimizer step of each log line
+        steps = metrics.get("sft/loss_steps", [])  # the optimizer step of each log line (warm_start sets both)
         atomic_write_text(out_sft_history, json.dumps([{"step": k, "loss": v} for k, v in zip(steps, losses)], indent=1))
     if out_grpo_history is not None:
         atomic_write_text(out_grpo_history, json.dumps(metrics.get("train/history", []), indent=1))
