@@ -121,6 +121,16 @@ class TrainSettings(_Section):
         "the blocks on each demonstration's diagonal). The same examples per step and the same loss as padded batches; "
         "no tokens spent on padding. Measured 1.5x slower per step than padded batches for the embedded model on an "
         "H100 (flex attention's block mask is rebuilt for every batch; docs/benchmarks.md).")
+    sft_drop_last: bool = Field(
+        False, description="Leave out each warm-start epoch's last batch when it is short (fewer than sft_batch_size "
+        "demonstrations; a different few each epoch, as the order is reshuffled). A compiled warm start otherwise "
+        "compiles its layers and records CUDA graphs again for the short batch's shape: 25 s of the 50,000-"
+        "demonstration recipe on an H200 with a cold compile cache, 5-6 s warm (docs/benchmarks.md).")
+    sft_loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        "auto", description="Processes that collate the warm start's batches (padding, masks) beside the training "
+        "loop (transformers' dataloader_num_workers; the same batches in the same order): 'auto' is 2 on CUDA, where "
+        "the training process's own time per step bounds a small model's steps, and 0 (collation in the training "
+        "process) elsewhere.")
     log_every: int = Field(
         1, ge=1, description="Warm-start optimizer steps per log line (loss, gradient norm, learning rate, entropy, "
         "token accuracy; the loss history has one point per line). Reading them from a GPU makes the CPU wait for it, "

@@ -126,7 +126,21 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
-            "pad_to_multiple_of": padding_multiple(config, compiled)}
+            "pad_to_multiple_of": padding_multiple(config, compiled), **_loader_args(config, device, phase)}
+
+
+def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
+    """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied to the GPU without the
+    CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every step queued before it).
+    GRPO's loader is left as transformers sets it."""
+    if phase != "sft":
+        return {}
+    workers = config.sft_loader_workers
+    args: dict[str, Any] = {"dataloader_drop_last": config.sft_drop_last,
+                            "dataloader_num_workers": (2 if device == "cuda" else 0) if workers == "auto" else workers}
+    if device == "cuda":
+        args |= {"dataloader_pin_memory": True, "accelerator_config": {"non_blocking": True}}
+    return args
 
 
 def compile_mode(config: TrainSettings, device: str) -> str:

@@ -133,6 +133,33 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
 
     for kind in (SFTConfig, GRPOConfig):  # both trainers take the setting as it is passed
         assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
+    # the warm start's batches: pinned and copied without a wait on CUDA, the short last one left out when asked
+    sft = _common_args(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "sft")
+    assert sft["accelerator_config"] == {"non_blocking": True} and sft["dataloader_pin_memory"] is True
+    assert sft["dataloader_drop_last"] is True and sft["dataloader_num_workers"] == 2  # 'auto' on CUDA
+    assert _common_args(TrainSettings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
+    assert _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
+    assert _common_args(TrainSettings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
+    with pytest.raises(ValidationError, match="sft_loader_workers"):
+        TrainSettings(sft_loader_workers=-1)
+    assert "accelerator_config" not in _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")
+    assert _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_drop_last"] is False
+    grpo_args = _common_args(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "grpo")
+    assert "accelerator_config" not in grpo_args and "dataloader_drop_last" not in grpo_args
+    config = SFTConfig(**{**sft, "use_cpu": True, "bf16": False})
+    assert config.accelerator_config.non_blocking is True and config.dataloader_drop_last is True
+
+
+def test_warm_start_loader_drops_the_short_batch_and_collates_in_workers(tiny_model_dir, stage, tmp_path):
+    """``sft_drop_last``: 8 demonstrations in batches of 3 are 3 steps (3, 3, 2), or 2 without the short one;
+    ``sft_loader_workers``: batches collated in a worker process train the same losses."""
+    runs = {}
+    for name, over in (("plain", {}), ("drop", {"sft_drop_last": True}), ("worker", {"sft_loader_workers": 1})):
+        out = tmp_path / name
+        runs[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                           *tiny(tiny_model_dir, grpo=False, sft_batch_size=3, **over))
+    assert {name: m["sft/steps"] for name, m in runs.items()} == {"plain": 3, "drop": 2, "worker": 3}
+    assert runs["worker"]["sft/loss_history"] == pytest.approx(runs["plain"]["sft/loss_history"], rel=1e-6)
 
 
 @pytest.fixture
