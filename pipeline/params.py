@@ -121,6 +121,11 @@ class TrainSettings(_Section):
         "the blocks on each demonstration's diagonal). The same examples per step and the same loss as padded batches; "
         "no tokens spent on padding. Measured 1.5x slower per step than padded batches for the embedded model on an "
         "H100 (flex attention's block mask is rebuilt for every batch; docs/benchmarks.md).")
+    sft_packed_attention: Literal["flex", "varlen"] = Field(
+        "flex", description="Attention over padding-free warm-start batches (sft_padding_free) on CUDA: 'flex' "
+        "(transformers' flex attention with a block mask per batch) or 'varlen' (PyTorch's variable-length attention, "
+        "FlashAttention-2 kernels: no mask, the demonstrations' boundaries only, and batch shapes that depend only on "
+        "the padded row; policy/packed_attention.py). Elsewhere the model's own attention.")
     sft_drop_last: bool = Field(
         False, description="Leave out each warm-start epoch's last batch when it is short (fewer than sft_batch_size "
         "demonstrations; a different few each epoch, as the order is reshuffled). A compiled warm start otherwise "

@@ -232,7 +232,7 @@ def training_kernels(model: Any, config: TrainSettings, device: str, phase: Lite
     (:func:`compiled_layers`)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(lora_uncast(model, lora))
-        stack.enter_context(packed_attention(model, device, phase == "sft" and config.sft_padding_free))
+        stack.enter_context(packed_attention(model, packed_attention_name(config, device) if phase == "sft" else None))
         stack.enter_context(attention_kernels(config.attention_kernel, device))
         stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers",
                                             compile_mode(config, device)))
@@ -406,18 +406,29 @@ def step_clock(phases: dict[str, float] | None = None, label: str = "", report: 
     return StepClock()
 
 
-PACKED_ATTENTION = {"cuda": "flex_attention"}
-"""Attention for padding-free warm-start batches, by device: flex attention computes only the blocks on each
-demonstration's diagonal of the row, where SDPA would take a dense mask over the whole row (correct, but quadratic in
-the batch's total length). Flex attention has no backward pass on the CPU, which keeps the model's own (SDPA)."""
+PACKED_ATTENTION = {"flex": {"cuda": "flex_attention"}, "varlen": {"cuda": "varlen_packed"}}
+"""Attention for padding-free warm-start batches, by ``sft_packed_attention`` and device: flex attention computes only
+the blocks on each demonstration's diagonal of the row, where SDPA would take a dense mask over the whole row (correct,
+but quadratic in the batch's total length); PyTorch's variable-length attention (policy/packed_attention.py) takes the
+boundaries alone. Neither has a backward pass on the CPU, which keeps the model's own (SDPA)."""
+
+
+def packed_attention_name(config: TrainSettings, device: str) -> str | None:
+    """The attention implementation padding-free warm-start batches switch to (None: the model's own)."""
+    if not config.sft_padding_free:
+        return None
+    name = PACKED_ATTENTION[config.sft_packed_attention].get(device)
+    if name == "varlen_packed":
+        from policy.packed_attention import register
+
+        register()
+    return name
 
 
 @contextlib.contextmanager
-def packed_attention(model: Any, device: str, padding_free: bool) -> Iterator[None]:
-    """The model's attention switched to :data:`PACKED_ATTENTION`'s choice for ``device`` while inside (padding-free
-    batches only), restored after."""
+def packed_attention(model: Any, wanted: str | None) -> Iterator[None]:
+    """The model's attention switched to ``wanted`` (:func:`packed_attention_name`) while inside, restored after."""
     previous = model.config._attn_implementation
-    wanted = PACKED_ATTENTION.get(device) if padding_free else None
     if wanted and wanted != previous:
         model.set_attn_implementation(wanted)
     try:
@@ -446,8 +457,9 @@ def deferred_metrics_trainer() -> type:
     log line reads them. TRL reads them with ``.item()`` after every forward pass, which makes the CPU wait for the GPU
     before it can issue the backward pass; here they are kept as device tensors and read, all at once, when the trainer
     logs (every ``log_every`` optimizer steps), with the same values TRL would log. Only TRL's plain path is changed
-    (one process, the negative log-likelihood through TRL's fused LM head, no custom loss, label smoothing, router loss
-    or padding-free rows); any other case, and a TRL without the fused head, runs TRL's own ``compute_loss``."""
+    (one process, the negative log-likelihood through TRL's fused LM head, no custom loss, label smoothing or router
+    loss; padded or padding-free rows); any other case, and a TRL without the fused head, runs TRL's own
+    ``compute_loss``."""
     from trl import SFTTrainer
 
     try:
@@ -461,11 +473,13 @@ def deferred_metrics_trainer() -> type:
             super().__init__(*args, **kwargs)
             self._pending: dict[str, list[Any]] = defaultdict(list)
             self._pending_tokens: list[Any] = []
+            self._row_tokens = 0
 
         def _plain(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> bool:
             return (fused and model.training and not return_outputs and self.accelerator.num_processes == 1
                     and self.compute_loss_func is None and self.label_smoother is None
-                    and self.args.loss_type == "nll" and not self.aux_loss_enabled and "attention_mask" in inputs)
+                    and self.args.loss_type == "nll" and not self.aux_loss_enabled
+                    and ("attention_mask" in inputs or "position_ids" in inputs))
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if not self._plain(model, inputs, return_outputs):
@@ -482,7 +496,10 @@ def deferred_metrics_trainer() -> type:
             per_token = valid.clamp(min=1)
             self._pending["entropy"].append(outputs.entropy.detach().sum() / per_token)
             self._pending["mean_token_accuracy"].append(outputs.is_top1.sum() / per_token)
-            self._pending_tokens.append(inputs["attention_mask"].sum())
+            if "attention_mask" in inputs:
+                self._pending_tokens.append(inputs["attention_mask"].sum())
+            else:  # a padding-free row: TRL counts its whole width, padding included
+                self._row_tokens += inputs["position_ids"].size(1)
             return loss
 
         def flush_metrics(self) -> None:
@@ -492,9 +509,12 @@ def deferred_metrics_trainer() -> type:
             for key, values in self._pending.items():
                 self._metrics["train"][key].extend(torch.stack(values).tolist())
             self._pending.clear()
-            if self._pending_tokens:
-                self._total_train_tokens += int(torch.stack(self._pending_tokens).sum())
+            if self._pending_tokens or self._row_tokens:
+                if self._pending_tokens:
+                    self._total_train_tokens += int(torch.stack(self._pending_tokens).sum())
+                self._total_train_tokens += self._row_tokens
                 self._pending_tokens.clear()
+                self._row_tokens = 0
                 self._metrics["train"]["num_tokens"] = [self._total_train_tokens]
 
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
@@ -536,6 +556,13 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                              profile_callback("sft")) if c is not None]
     trainer = deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos),
                                          processing_class=tok, callbacks=callbacks)
+    if packed_attention_name(config, device) == "varlen_packed":
+        import pyarrow.compute as pc
+
+        from policy.packed_attention import FixedSegments
+
+        longest = pc.max(pc.list_value_length(trainer.train_dataset.data.column("input_ids"))).as_py()
+        trainer.data_collator = FixedSegments(trainer.data_collator, longest)
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
         trainer.train()

@@ -347,12 +347,12 @@ def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
 
-@pytest.mark.parametrize("every, micro", [(1, None), (2, None), (1, 2)])
-def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, monkeypatch, every, micro):
+@pytest.mark.parametrize("every, micro, free", [(1, None, False), (2, None, False), (1, 2, False), (1, None, True)])
+def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, monkeypatch, every, micro, free):
     """The warm start's trainer keeps TRL's per-pass metrics on the device until a log line reads them: its log lines
     (loss, gradient norm, entropy, token accuracy, tokens seen) equal those of TRL's own SFTTrainer, logging every step
-    or every other step, with one pass per step or gradients accumulated over two, and it never runs TRL's
-    compute_loss on this path."""
+    or every other step, with one pass per step or gradients accumulated over two, padded or padding-free rows, and it
+    never runs TRL's compute_loss on this path."""
     from trl import SFTTrainer
 
     deferred = train_mod.deferred_metrics_trainer
@@ -382,7 +382,7 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
         out = tmp_path / name
         metrics[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                               *tiny(tiny_model_dir, grpo=False, sft_epochs=2, log_every=every,
-                                    sft_micro_batch_size=micro),
+                                    sft_micro_batch_size=micro, sft_padding_free=free),
                               out_sft_history=out / "history.json")
     passes = made["trl"].state.global_step * (4 // (micro or 4))  # sft_batch_size 4
     assert set(trl_calls) == {"Captured"} and len(trl_calls) == passes  # TRL's own, once per pass
@@ -400,15 +400,51 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
 def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from steps.train import packed_attention
+    from steps.train import packed_attention, packed_attention_name
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
-    with packed_attention(model, "cuda", True):
-        assert model.config._attn_implementation == "flex_attention"
-    assert model.config._attn_implementation == "sdpa"
-    for device, free in (("cpu", True), ("cuda", False)):
-        with packed_attention(model, device, free):
-            assert model.config._attn_implementation == "sdpa"
+    flex, varlen = TrainSettings(sft_padding_free=True), TrainSettings(sft_padding_free=True, sft_packed_attention="varlen")
+    for config, device, expected in ((flex, "cuda", "flex_attention"), (varlen, "cuda", "varlen_packed"),
+                                     (flex, "cpu", "sdpa"), (varlen, "cpu", "sdpa"), (TrainSettings(), "cuda", "sdpa")):
+        with packed_attention(model, packed_attention_name(config, device)):
+            assert model.config._attn_implementation == expected
+        assert model.config._attn_implementation == "sdpa"
+
+
+def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_dir, stage, tmp_path, monkeypatch):
+    """``sft_packed_attention: varlen``: the padding-free row goes to PyTorch's variable-length attention with the
+    demonstrations' boundaries, always ``n + 2`` of them (the row's padding one segment) and one longest length, and
+    the first step's loss equals the padded batch's. The CUDA kernel is replaced here by causal SDPA per segment (the
+    same maths), so everything around it runs on the CPU; a wrong boundary or head layout changes the loss."""
+    import torch
+    import torch.nn.functional as F
+
+    import policy.packed_attention as packed
+
+    calls = []
+
+    def per_segment(q, k, v, cu_seq, max_len, scale):
+        out = torch.zeros_like(q)
+        bounds = cu_seq.tolist()
+        calls.append((len(bounds), max_len, bounds[-1]))
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            assert b - a <= max_len
+            if b > a:
+                seg = [x[a:b].transpose(0, 1) for x in (q, k, v)]
+                out[a:b] = F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    monkeypatch.setattr(packed, "varlen_kernel", per_segment)
+    monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
+    losses = {}
+    for name, over in (("padded", {}), ("varlen", {"sft_padding_free": True, "sft_packed_attention": "varlen",
+                                                  "pad_to_multiple_of": 64})):
+        out = tmp_path / name
+        losses[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                             *tiny(tiny_model_dir, grpo=False, **over))["sft/loss_first"]
+    assert losses["varlen"] == pytest.approx(losses["padded"], rel=1e-4)
+    # 2 steps of 4 demonstrations (and the sanity pass of each layer): 6 boundaries, rows a multiple of 64 wide
+    assert calls and {(n, width % 64) for n, _, width in calls} == {(6, 0)} and len({m for _, m, _ in calls}) == 1
 
 
 def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage, tmp_path, monkeypatch):
