@@ -127,8 +127,8 @@ class TrainSettings(_Section):
         "FlashAttention-2 kernels: no mask, the demonstrations' boundaries only, and batch shapes that depend only on "
         "the padded row; policy/packed_attention.py). Elsewhere the model's own attention. A padding-free row is "
         "padded as a whole to a multiple of pad_to_multiple_of, so with compiled layers set that to about 2048 (rows "
-        "of 64 demonstrations were 17,000-22,000 tokens here): with 128 most of the first batches had a row width of their "
-        "own, each compiled and recorded again (about 5 s a step on an H200; docs/benchmarks.md).")
+        "of 64 demonstrations were 17,000-22,000 tokens here): with 128 the first steps of a run on an H200 took about "
+        "5 s each, most likely each row a width of its own, compiled and recorded again (docs/benchmarks.md).")
     sft_drop_last: bool = Field(
         False, description="Leave out each warm-start epoch's last batch when it is short (fewer than sft_batch_size "
         "demonstrations; a different few each epoch, as the order is reshuffled). A compiled warm start otherwise "
