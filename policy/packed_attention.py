@@ -80,7 +80,8 @@ def register() -> str:
 class FixedSegments:
     """A padding-free collator's batches with shapes that depend only on the padded row: the trailing pad tokens
     one segment (a zero-length one when there is no padding), so the boundaries of ``n`` demonstrations are always
-    ``n + 2`` numbers, and ``longest`` (the longest demonstration of the dataset) as every batch's longest segment."""
+    ``n + 2`` numbers, and ``longest`` as every batch's longest segment: at least the dataset's longest demonstration
+    and the longest padding (the kernel leaves the part of a segment past it unwritten)."""
 
     def __init__(self, collate: Callable[[list[dict[str, Any]]], dict[str, Any]], longest: int) -> None:
         self.collate = collate

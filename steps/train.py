@@ -562,7 +562,9 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
         from policy.packed_attention import FixedSegments
 
         longest = pc.max(pc.list_value_length(trainer.train_dataset.data.column("input_ids"))).as_py()
-        trainer.data_collator = FixedSegments(trainer.data_collator, longest)
+        # the row's padding is one segment too, shorter than the padding multiple
+        multiple = padding_multiple(config, compiles(config, "sft")) or 1
+        trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
         trainer.train()
