@@ -130,9 +130,9 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
 
 
 def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
-    """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied to the GPU without the
-    CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every step queued before it).
-    GRPO's loader is left as transformers sets it."""
+    """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied
+    to the GPU without the CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every
+    step queued before it). GRPO's loader is left as transformers sets it."""
     if phase != "sft":
         return {}
     workers = config.sft_loader_workers
