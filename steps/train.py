@@ -31,7 +31,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
@@ -474,6 +474,8 @@ def deferred_metrics_trainer() -> type:
             self._pending: dict[str, list[Any]] = defaultdict(list)
             self._pending_tokens: list[Any] = []
             self._row_tokens = 0
+            # training passes by input shape ("batch x width"): under compilation each shape compiles or records anew
+            self.batch_shapes: Counter[str] = Counter()
 
         def _plain(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> bool:
             return (fused and model.training and not return_outputs and self.accelerator.num_processes == 1
@@ -482,6 +484,8 @@ def deferred_metrics_trainer() -> type:
                     and ("attention_mask" in inputs or "position_ids" in inputs))
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if model.training and "input_ids" in inputs:
+                self.batch_shapes["x".join(map(str, inputs["input_ids"].shape))] += 1
             if not self._plain(model, inputs, return_outputs):
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
@@ -575,7 +579,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     return {"sft/examples": len(demos), "sft/steps": trainer.state.global_step, "sft/seconds": seconds,
             "sft/tokens": tokens, "sft/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
-            "sft/loss_history": losses, "sft/loss_steps": [h["step"] for h in logged], "sft/step_seconds": clock.seconds}
+            "sft/loss_history": losses, "sft/loss_steps": [h["step"] for h in logged], "sft/step_seconds": clock.seconds,
+            "sft/batch_shapes": dict(trainer.batch_shapes)}
 
 
 def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device: str,

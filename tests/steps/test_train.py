@@ -159,6 +159,10 @@ def test_warm_start_loader_drops_the_short_batch_and_collates_in_workers(tiny_mo
         runs[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                            *tiny(tiny_model_dir, grpo=False, sft_batch_size=3, **over))
     assert {name: m["sft/steps"] for name, m in runs.items()} == {"plain": 3, "drop": 2, "worker": 3}
+    # one pass per step, by input shape ("batch x width"): the short batch of 2 only without drop_last
+    shapes = {name: m["sft/batch_shapes"] for name, m in runs.items()}
+    assert sum(shapes["plain"].values()) == 3 and sum(shapes["drop"].values()) == 2
+    assert any(k.startswith("2x") for k in shapes["plain"]) and not any(k.startswith("2x") for k in shapes["drop"])
     assert runs["worker"]["sft/loss_history"] == pytest.approx(runs["plain"]["sft/loss_history"], rel=1e-6)
 
 
