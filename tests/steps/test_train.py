@@ -362,7 +362,9 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
     deferred = train_mod.deferred_metrics_trainer
     made, trl_calls = {}, []
 
-    class Trl(SFTTrainer):  # TRL's own compute_loss and metrics
+    class Trl(SFTTrainer):  # TRL's own compute_loss and metrics, with what warm_start reads of its trainer
+        batch_shapes: dict = {}
+
         def tokens_seen(self):
             return int(self._total_train_tokens)
 
