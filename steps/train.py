@@ -122,7 +122,7 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
     compiled = compiles(config, phase)
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": log_every,
             "seed": config.seed, "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing,
-            "disable_tqdm": True, "dataloader_num_workers": 0, "torch_compile": compiled and config.compile_scope == "model",
+            "disable_tqdm": True, "torch_compile": compiled and config.compile_scope == "model",
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
@@ -132,9 +132,9 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
 def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
     """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied
     to the GPU without the CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every
-    step queued before it). GRPO's loader is left as transformers sets it."""
+    step queued before it). GRPO's loader collates in the training process, as transformers sets it otherwise."""
     if phase != "sft":
-        return {}
+        return {"dataloader_num_workers": 0}
     workers = config.sft_loader_workers
     args: dict[str, Any] = {"dataloader_drop_last": config.sft_drop_last,
                             "dataloader_num_workers": (2 if device == "cuda" else 0) if workers == "auto" else workers}
