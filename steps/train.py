@@ -126,7 +126,8 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
-            "pad_to_multiple_of": padding_multiple(config, compiled), **_loader_args(config, device, phase)}
+            "pad_to_multiple_of": padding_multiple(config, compiled, phase == "sft" and config.sft_padding_free),
+            **_loader_args(config, device, phase)}
 
 
 def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
@@ -243,11 +244,18 @@ PAD_MULTIPLE_WHEN_COMPILED = 128
 """``pad_to_multiple_of: auto`` pads to this many tokens when the model is compiled (TRL's own choice for Neuron, which
 also compiles once per shape)."""
 
+ROW_PAD_MULTIPLE_WHEN_COMPILED = 2048
+"""``pad_to_multiple_of: auto`` for a compiled warm start's padding-free rows (a batch's demonstrations in one row):
+the row is padded as a whole, so 128 gave nearly every row of 64 demonstrations (17,000-25,000 tokens) a width of its
+own, compiled and recorded again (steps of about 5 s on an H200); with 2048 the starting policy's 1,172 batches took
+three widths, 3.5% of the row padding (docs/benchmarks.md)."""
 
-def padding_multiple(config: TrainSettings, compiled: bool) -> int | None:
-    """The padding multiple handed to TRL: the setting, or for 'auto' PAD_MULTIPLE_WHEN_COMPILED in a compiled phase."""
+
+def padding_multiple(config: TrainSettings, compiled: bool, rows: bool = False) -> int | None:
+    """The padding multiple handed to TRL: the setting, or for 'auto' in a compiled phase PAD_MULTIPLE_WHEN_COMPILED
+    (ROW_PAD_MULTIPLE_WHEN_COMPILED for padding-free ``rows``); None when not compiled."""
     if config.pad_to_multiple_of == "auto":
-        return PAD_MULTIPLE_WHEN_COMPILED if compiled else None
+        return (ROW_PAD_MULTIPLE_WHEN_COMPILED if rows else PAD_MULTIPLE_WHEN_COMPILED) if compiled else None
     return config.pad_to_multiple_of
 
 
@@ -567,7 +575,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
 
         longest = pc.max(pc.list_value_length(trainer.train_dataset.data.column("input_ids"))).as_py()
         # the row's padding is one segment too, shorter than the padding multiple
-        multiple = padding_multiple(config, compiles(config, "sft")) or 1
+        multiple = padding_multiple(config, compiles(config, "sft"), rows=True) or 1
         trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):

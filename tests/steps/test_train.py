@@ -122,6 +122,10 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
     assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
     assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
     assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    rows = TrainSettings(torch_compile="sft", sft_padding_free=True)  # a padding-free row is padded as a whole
+    assert _common_args(rows, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 2048
+    assert _common_args(rows, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    assert _common_args(TrainSettings(sft_padding_free=True), "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] is None
     grpo_only = TrainSettings(torch_compile="grpo", pad_to_multiple_of="auto")
     assert _common_args(grpo_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is True
     assert _common_args(grpo_only, "cuda", tmp_path, model, "sft")["torch_compile"] is False
@@ -409,7 +413,7 @@ def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from steps.train import packed_attention, packed_attention_name
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
-    flex, varlen = TrainSettings(sft_padding_free=True), TrainSettings(sft_padding_free=True, sft_packed_attention="varlen")
+    flex, varlen = TrainSettings(sft_padding_free=True, sft_packed_attention="flex"), TrainSettings(sft_padding_free=True)
     for config, device, expected in ((flex, "cuda", "flex_attention"), (varlen, "cuda", "varlen_packed"),
                                      (flex, "cpu", "sdpa"), (varlen, "cpu", "sdpa"), (TrainSettings(), "cuda", "sdpa")):
         with packed_attention(model, packed_attention_name(config, device)):
