@@ -126,8 +126,7 @@ def _common_args(config: TrainSettings, device: str, work: Path, model: Any, pha
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
             "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
-            "pad_to_multiple_of": padding_multiple(config, compiled, phase == "sft" and config.sft_padding_free),
-            **_loader_args(config, device, phase)}
+            "pad_to_multiple_of": padding_multiple(config, phase), **_loader_args(config, device, phase)}
 
 
 def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> dict[str, Any]:
@@ -251,12 +250,15 @@ own, compiled and recorded again (steps of about 5 s on an H200); with 2048 the 
 three widths, 3.4% of the row padding (docs/benchmarks.md)."""
 
 
-def padding_multiple(config: TrainSettings, compiled: bool, rows: bool = False) -> int | None:
-    """The padding multiple handed to TRL: the setting, or for 'auto' in a compiled phase PAD_MULTIPLE_WHEN_COMPILED
-    (ROW_PAD_MULTIPLE_WHEN_COMPILED for padding-free ``rows``); None when not compiled."""
-    if config.pad_to_multiple_of == "auto":
-        return (ROW_PAD_MULTIPLE_WHEN_COMPILED if rows else PAD_MULTIPLE_WHEN_COMPILED) if compiled else None
-    return config.pad_to_multiple_of
+def padding_multiple(config: TrainSettings, phase: Literal["sft", "grpo"]) -> int | None:
+    """The padding multiple handed to TRL for ``phase``: the setting, or for 'auto' in a compiled phase
+    PAD_MULTIPLE_WHEN_COMPILED (ROW_PAD_MULTIPLE_WHEN_COMPILED for the warm start's padding-free rows); None when not
+    compiled."""
+    if config.pad_to_multiple_of != "auto":
+        return config.pad_to_multiple_of
+    if not compiles(config, phase):
+        return None
+    return ROW_PAD_MULTIPLE_WHEN_COMPILED if phase == "sft" and config.sft_padding_free else PAD_MULTIPLE_WHEN_COMPILED
 
 
 @contextlib.contextmanager
@@ -575,7 +577,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
 
         longest = pc.max(pc.list_value_length(trainer.train_dataset.data.column("input_ids"))).as_py()
         # the row's padding is one segment too, shorter than the padding multiple
-        multiple = padding_multiple(config, compiles(config, "sft"), rows=True) or 1
+        multiple = padding_multiple(config, "sft") or 1
         trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
