@@ -20,6 +20,9 @@ Rollout (completion tokens/s, prompt 256 + 256 new tokens, sampling at temperatu
   engine per architecture built before its first row (``warmup_s`` of the first row holds the engine's start);
   ``vllm+lora``: the same with a random LoRA adapter (r=64 on every linear layer) applied by vLLM, not merged;
   ``vllm+fp8kv``: the same with the KV cache in FP8 (``kv_cache_dtype="fp8"``; FlashAttention 3 on Hopper).
+  Sampling is seeded once, by the engine (``seed=0``), as the GRPO rollout samples; ``vllm+seeds`` runs the ``vllm``
+  engine with a seed on every request instead (``SamplingParams(seed=...)``), which makes vLLM's sampler draw each
+  seeded request's noise in its own call, one request after the other, at every decode step.
 
 Every variant first runs once at full length (the static one compiles then; ``warmup_s``), then the timed run.
 
@@ -203,11 +206,16 @@ def rollout_variant(model: Any, device: str, variant: str, batch: int, prompt_le
 
 VLLM_VARIANTS: dict[str, dict[str, Any]] = {
     "vllm": {},
+    "vllm+seeds": {},
     "vllm+lora": {"enable_lora": True, "max_lora_rank": 64, "max_loras": 1},
     "vllm+fp8kv": {"kv_cache_dtype": "fp8"},
 }
 """vLLM rollout variants and the engine options each adds: a random LoRA adapter applied by vLLM, or a KV cache in
-FP8 (e4m3, scales of 1: half the bytes an attention step reads; keys and values rounded, so not the same numerics)."""
+FP8 (e4m3, scales of 1: half the bytes an attention step reads; keys and values rounded, so not the same numerics).
+Variants with the same options share one engine (``vllm+seeds`` differs from ``vllm`` in its requests only)."""
+
+SEEDED_VARIANTS = {"vllm+seeds"}
+"""vLLM variants whose requests each carry a sampling seed (vLLM then draws each one's noise separately)."""
 
 
 class VLLMEngines:
@@ -216,7 +224,7 @@ class VLLMEngines:
 
     def __init__(self, max_batch: int, max_len: int, memory: float) -> None:
         self.max_batch, self.max_len, self.memory = max_batch, max_len, memory
-        self.engines: dict[tuple[str, str], Any] = {}
+        self.engines: dict[tuple[str, tuple[tuple[str, Any], ...]], Any] = {}
         self.folders: dict[str, Path] = {}
 
     def folder(self, arch: str, model: Any) -> Path:
@@ -237,13 +245,13 @@ class VLLMEngines:
         return self.folders[arch]
 
     def get(self, arch: str, model: Any, variant: str) -> Any:
-        key = (arch, variant)
+        options = VLLM_VARIANTS[variant]
+        key = (arch, tuple(sorted(options.items())))
         if key not in self.engines:
             self.close()  # one engine at a time on the card
             from vllm import LLM
 
             root = self.folder(arch, model)
-            options = VLLM_VARIANTS[variant]
             self.engines[key] = LLM(model=str(root / "model"), load_format="dummy", skip_tokenizer_init=True,
                                     dtype="bfloat16", max_model_len=self.max_len, max_num_seqs=self.max_batch,
                                     max_num_batched_tokens=max(8192, self.max_len * 8), seed=0,
@@ -279,8 +287,9 @@ def vllm_variant(engines: VLLMEngines, arch: str, model: Any, variant: str, batc
     rng = _random.Random(batch)
     prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(1, model.config.vocab_size) for _ in range(prompt_len)])
                for _ in range(batch)]
-    params = VSamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=new_tokens, min_tokens=new_tokens,
-                             ignore_eos=True, seed=0, detokenize=False)
+    seeded = variant in SEEDED_VARIANTS
+    params = [VSamplingParams(n=1, temperature=1.0, top_p=1.0, max_tokens=new_tokens, min_tokens=new_tokens,
+                              ignore_eos=True, seed=i if seeded else None, detokenize=False) for i in range(batch)]
     request = None
     if lora:
         from vllm.lora.request import LoRARequest
@@ -414,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto (cuda when available), cuda or cpu")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rollout", default="plain:1,plain:64,plain:256,dynamic:256,dynamic:512,static:256,static:512",
-                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+lora, vllm+fp8kv; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash, math or sdpa, PyTorch's choice)")
+                        help="variant:batch pairs, in order (variants: plain, dynamic, static, vllm, vllm+seeds, vllm+lora, vllm+fp8kv; static+KERNEL pins the grouped decode step's SDPA kernel: cudnn, efficient, flash, math or sdpa, PyTorch's choice)")
     parser.add_argument("--prompt-len", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--compile-backend", default="inductor", choices=["inductor", "cudagraphs", "none"],
