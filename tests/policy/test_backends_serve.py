@@ -195,6 +195,25 @@ def test_registry_and_missing_vllm():
             VLLMBackend("embedded")
 
 
+def test_vllm_backend_seeds_each_conversation_apart():
+    """Each conversation's request carries its own seed (params.seed + i * n, its samples the next ones, as vLLM seeds
+    them): conversations sharing one seed would share one noise stream. A stand-in engine records the requests."""
+    from types import SimpleNamespace
+
+    class Engine:
+        def chat(self, conversations, params, lora_request=None, use_tqdm=False):
+            self.params = params
+            return [SimpleNamespace(prompt_token_ids=[1, 2, 3], outputs=[
+                SimpleNamespace(text="x", token_ids=[4], finish_reason="stop") for _ in range(p.n)]) for p in params]
+
+    backend = object.__new__(VLLMBackend)  # no vLLM here: only the request building and the records are tested
+    backend._vllm = SimpleNamespace(SamplingParams=lambda **kw: SimpleNamespace(**kw))
+    backend.engine, backend.adapter = Engine(), None
+    out = backend.generate(CONVS, 2, PARAMS)
+    assert [p.seed for p in backend.engine.params] == [7, 9, 11] and all(p.n == 2 for p in backend.engine.params)
+    assert [[g.seed for g in gens] for gens in out] == [[7, 8], [9, 10], [11, 12]]
+
+
 def test_openai_backend_against_the_real_server(tiny_backend, served):
     url = served()
     client = OpenAIBackend(url, "tiny", api_key_env="")
