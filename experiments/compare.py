@@ -91,7 +91,8 @@ def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
 
 
 QUEUE_STALL_SECONDS = 180.0
-"""How long :func:`run_queue` waits with experiments unfinished and no DVC worker answering before it gives up."""
+"""How long :func:`run_queue` waits with experiments unfinished, no DVC worker answering and no experiment's process
+running before it gives up."""
 
 
 QUEUE_FINAL = ("Success", "Failed")
@@ -102,13 +103,33 @@ class QueueStalled(RuntimeError):
     """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end."""
 
 
+def experiment_process_alive(repo: Path) -> bool:
+    """Whether a process that DVC's queue started for an experiment is still running (dvc-task records each one, its
+    pid and, once it has ended, its return code, under ``.dvc/tmp/exps/run``). A worker busy on a loaded machine can
+    miss the one-second status ping behind ``dvc queue status``'s worker count while its experiment runs on; a
+    worker killed with its experiment leaves a record without a return code whose process is gone."""
+    import psutil
+    from dvc.repo.experiments.utils import EXEC_PID_DIR, EXEC_TMP_DIR
+    from dvc_task.proc.manager import ProcessManager
+
+    manager = ProcessManager(str(Path(repo) / ".dvc" / "tmp" / EXEC_TMP_DIR / EXEC_PID_DIR))
+    for name in manager:
+        try:
+            info = manager[name]
+        except (KeyError, ValueError, TypeError):  # gone, or being written
+            continue
+        if info.returncode is None and psutil.pid_exists(info.pid):
+            return True
+    return False
+
+
 def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
               stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
-    once the queue is empty; when none has answered for ``stall_seconds`` while some of ``names`` are unfinished (a
-    worker killed, or stopped by hand), raises :class:`QueueStalled` naming them and how to go on, instead of waiting
-    forever."""
+    once the queue is empty; when none has answered for ``stall_seconds`` while some of ``names`` are unfinished and
+    no experiment's process is running (:func:`experiment_process_alive`: a worker killed, or stopped by hand), raises
+    :class:`QueueStalled` naming them and how to go on, instead of waiting forever."""
     dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
     seen = time.monotonic()
 
@@ -117,7 +138,7 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
         states, workers = queue_status(repo)
         mine = {name: states.get(name, "Queued") for name in names}
         now = time.monotonic()
-        if workers or all(state in QUEUE_FINAL for state in mine.values()):
+        if workers or all(state in QUEUE_FINAL for state in mine.values()) or experiment_process_alive(repo):
             seen = now
         elif now - seen > stall_seconds:
             open_ = ", ".join(f"{name} ({state.lower()})" for name, state in mine.items()

@@ -1,5 +1,7 @@
 import json
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -309,6 +311,30 @@ def test_workspaces_give_the_records_dvc_exp_show_gives(tmp_path):
         workspace_records(tmp_path / "notes", stages)
 
 
+def test_experiment_process_alive_reads_dvc_tasks_process_records(tmp_path):
+    """A record without a return code whose process runs: alive; one with a return code, or whose process is gone
+    (a worker killed with its experiment), or half written: not."""
+    from dvc_task.proc.process import ProcessInfo
+
+    from experiments.compare import experiment_process_alive
+
+    run = tmp_path / ".dvc" / "tmp" / "exps" / "run"
+
+    def record(name, pid, returncode):
+        (run / name).mkdir(parents=True)
+        ProcessInfo(pid, None, None, None, returncode).dump(str(run / name / f"{name}.json"))
+
+    assert not experiment_process_alive(tmp_path)  # no folder yet
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    record("ended", os.getpid(), 0)
+    record("killed", int(gone.stdout), None)
+    (run / "partial").mkdir()
+    (run / "partial" / "partial.json").write_text('{"pid": 1')
+    assert not experiment_process_alive(tmp_path)
+    record("running", os.getpid(), None)
+    assert experiment_process_alive(tmp_path)
+
+
 def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
     (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
@@ -324,9 +350,20 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
 
     table = "Task     Name  Created  Status\n{}\n\nWorker status: {} active, {} idle\n"
     monkeypatch.setattr(compare, "dvc", fake_dvc)
+    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: False)
     replies[:] = [table.format("abc1234  e1  10:00  Running", 0, 0)]
     with pytest.raises(compare.QueueStalled, match=r"e1 \(running\).*dvc queue logs"):
         compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05)
+    # no worker answering, but the experiment's process still running (a busy worker missed the ping): it waits on
+    alive = iter([True] * 12)
+    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: next(alive, False))
+    replies[:] = [table.format("abc1234  e1  10:00  Running", 0, 0)] * 12 + [
+        table.format("abc1234  e1  10:00  Success", 0, 0)]
+    monkeypatch.setattr(compare, "dvc", lambda args, repo, leaves_processes=False: (
+        "" if args[:2] == ["queue", "start"] else "e1\n" if args[:2] == ["exp", "list"] else
+        replies.pop(0) if len(replies) > 1 else replies[0]))
+    assert compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05) == {"e1": "Success"}
+    monkeypatch.setattr(compare, "dvc", fake_dvc)
     replies[:] = [table.format("abc1234  e1  10:00  Running", 1, 0)] * 12 + [
         table.format("abc1234  e1  10:00  Success", 0, 0)]
     monkeypatch.setattr(compare, "dvc", lambda args, repo, leaves_processes=False: (
