@@ -346,28 +346,23 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     def fake_dvc(args, repo, leaves_processes=False):
         if args[:2] == ["queue", "start"]:
             return ""
+        if args[:2] == ["exp", "list"]:
+            return "e1\n"
         return replies.pop(0) if len(replies) > 1 else replies[0]
+
+    def run_with(polls: int, workers: int, alive: bool) -> dict[str, str]:
+        """``polls`` replies of e1 Running with ``workers`` answering (and its process ``alive``), then Success."""
+        answers = iter([alive] * polls)
+        monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: next(answers, False))
+        replies[:] = [table.format("abc1234  e1  10:00  Running", workers, 0)] * polls + [
+            table.format("abc1234  e1  10:00  Success", 0, 0)]
+        return compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05)
 
     table = "Task     Name  Created  Status\n{}\n\nWorker status: {} active, {} idle\n"
     monkeypatch.setattr(compare, "dvc", fake_dvc)
-    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: False)
-    replies[:] = [table.format("abc1234  e1  10:00  Running", 0, 0)]
     with pytest.raises(compare.QueueStalled, match=r"e1 \(running\).*dvc queue logs"):
-        compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05)
+        run_with(1000, 0, False)
     # no worker answering, but the experiment's process still running (a busy worker missed the ping): it waits on
-    alive = iter([True] * 12)
-    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: next(alive, False))
-    replies[:] = [table.format("abc1234  e1  10:00  Running", 0, 0)] * 12 + [
-        table.format("abc1234  e1  10:00  Success", 0, 0)]
-    monkeypatch.setattr(compare, "dvc", lambda args, repo, leaves_processes=False: (
-        "" if args[:2] == ["queue", "start"] else "e1\n" if args[:2] == ["exp", "list"] else
-        replies.pop(0) if len(replies) > 1 else replies[0]))
-    assert compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05) == {"e1": "Success"}
-    monkeypatch.setattr(compare, "dvc", fake_dvc)
-    replies[:] = [table.format("abc1234  e1  10:00  Running", 1, 0)] * 12 + [
-        table.format("abc1234  e1  10:00  Success", 0, 0)]
-    monkeypatch.setattr(compare, "dvc", lambda args, repo, leaves_processes=False: (
-        "" if args[:2] == ["queue", "start"] else "e1\n" if args[:2] == ["exp", "list"] else
-        replies.pop(0) if len(replies) > 1 else replies[0]))
-    assert compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05) == {"e1": "Success"}
+    assert run_with(12, 0, True) == {"e1": "Success"}
+    assert run_with(12, 1, False) == {"e1": "Success"}
     assert compare.queue_status(Path(".")) == ({"e1": "Success"}, 0)
