@@ -47,7 +47,10 @@ class SamplingParams:
         max_new_tokens: completion length cap.
         temperature: 0 means greedy decoding.
         top_p: nucleus sampling mass.
-        seed: base seed; batch ``k`` of a run uses ``seed + k``.
+        seed: base seed, recorded with each generation as the backend used it: ``transformers`` seeds batch ``k``
+            of a call with ``seed + k``, ``vllm`` conversation ``i`` with ``seed + i * n`` (its samples the next
+            ``n - 1``), ``openai`` the request for conversation ``i``'s samples from the ``j``-th on with
+            ``seed + i * n + j`` (an endpoint that returns fewer choices than asked is asked again).
         stop: generation stops after any of these strings (kept in the text).
         json_schema: a JSON schema (as a JSON string) the output must follow: constrained decoding where the backend
             can (xgrammar for transformers, structured outputs for vLLM, ``response_format`` for OpenAI endpoints).
@@ -498,12 +501,13 @@ class OpenAIBackend:
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
                  on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
         out = []
-        for conversation in conversations:
+        for i, conversation in enumerate(conversations):
             gens: list[Generation] = []
             while len(gens) < n:  # some endpoints return fewer choices than asked
+                seed = params.seed + i * n + len(gens)  # conversations apart, as the vllm backend seeds them
                 body = {"model": self.model_id, "messages": conversation, "n": n - len(gens),
                         "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
-                        "seed": params.seed + len(gens), **self.extra_body}
+                        "seed": seed, **self.extra_body}
                 if params.stop:
                     body["stop"] = list(params.stop)
                 if params.json_schema is not None:
@@ -525,7 +529,7 @@ class OpenAIBackend:
                         text += params.stop[0]  # OpenAI strips the stop string; put the closing tag back
                     gens.append(Generation(text, _count(usage.get("prompt_tokens")),
                                            _count(usage.get("completion_tokens")) // max(1, len(choices)),
-                                           reason[:20], latency, params.seed, params.json_schema is not None))
+                                           reason[:20], latency, seed, params.json_schema is not None))
             out.append(gens)
             if on_progress is not None:
                 on_progress(1)

@@ -214,6 +214,22 @@ def test_vllm_backend_seeds_each_conversation_apart():
     assert [[g.seed for g in gens] for gens in out] == [[7, 8], [9, 10], [11, 12]]
 
 
+def test_openai_backend_seeds_each_conversation_apart(monkeypatch):
+    """Each conversation's requests carry seeds of their own (params.seed + i * n, then + the samples already had),
+    recorded with the generations; an endpoint that returns fewer choices is asked again for the rest."""
+    backend = OpenAIBackend("http://127.0.0.1:9/v1", "m", api_key_env="")
+    bodies = []
+
+    def post(body):
+        bodies.append(body)
+        return {"choices": [{"message": {"content": "x"}, "finish_reason": "length"}]}  # one choice per request
+
+    monkeypatch.setattr(backend, "_post", post)
+    out = backend.generate(CONVS[:2], 2, PARAMS)
+    assert [(b["seed"], b["n"]) for b in bodies] == [(7, 2), (8, 1), (9, 2), (10, 1)]
+    assert [[g.seed for g in gens] for gens in out] == [[7, 8], [9, 10]]
+
+
 def test_openai_backend_against_the_real_server(tiny_backend, served):
     url = served()
     client = OpenAIBackend(url, "tiny", api_key_env="")
