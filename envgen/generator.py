@@ -86,12 +86,13 @@ GENERATOR_VERSIONS: dict[int, GeneratorVersion] = {
     2: GeneratorVersion("mapf-frozenlake-gen/2",
                         partial(solve, options=CBSOptions(independence=False, conflict_ties="earliest",
                                                           rectangle_starts=False, merge_order="breadth",
-                                                          interleave=False)),
+                                                          interleave=False, bypass_conflicts="all")),
                         SolverBudget(max_nodes=20_000, max_seconds=120.0, max_joint_states=100_000), screens=True),
     3: GeneratorVersion(GENERATOR_VERSION, partial(solve, options=CBSOptions(conflict_ties="earliest",
                                                                              rectangle_starts=False,
                                                                              merge_order="breadth",
-                                                                             interleave=False)),
+                                                                             interleave=False,
+                                                                             bypass_conflicts="all")),
                         SolverBudget(max_nodes=20_000, max_seconds=120.0, max_joint_states=100_000), screens=True),
 }
 """Every version the generator can still produce, byte for byte. Version 1 (plain CBS, :mod:`envgen.cbs_v1`, 2,000

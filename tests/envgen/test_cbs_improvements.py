@@ -596,8 +596,28 @@ def test_interleaved_backups_let_cbs_finish_before_the_whole_joint_search():
         assert isinstance(check, Valid) and check.optimal
 
 
-def test_generator_versions_keep_their_backups_in_one_round():
+def test_bypasses_of_semi_cardinal_conflicts_are_a_choice():
+    """Five agents on a 10x10 board, half of it holes (a draw of bench/solver.py's dense set) where the three bypass
+    settings search differently and agree on the optimum: bypassing every conflict a child resolves at no cost (the
+    generator's versions 2 and 3) takes 39 nodes, bypassing non-cardinal conflicts only (the default) 41, none 57."""
+    rows = ("HFFHHFHHFF", "HFFFHHFFHH", "FHFHHFHFHF", "HFHHHHHFHF", "HFFFHHFFFH",
+            "HFHFHHHHHH", "HFFHHFHFHF", "FFHHFHFHFF", "FHFFHHHFFF", "FFFFFHHFFH")
+    inst = Instance(rows, ((7, 1), (8, 9), (9, 2), (9, 3), (5, 3)), ((4, 1), (7, 8), (7, 1), (4, 2), (7, 0)))
+    budget = SolverBudget(max_nodes=20_000, max_seconds=120.0, max_joint_states=100_000)
+    runs = [solve(inst, budget, options) for options in
+            (CBSOptions(bypass_conflicts="all"), CBSOptions(), CBSOptions(bypass=False))]
+    assert all(isinstance(r, Solved) and r.soc == 44 and r.method == "cbs" for r in runs)
+    assert [r.nodes for r in runs] == [39, 41, 57]
+    for got in runs:
+        check = check_paths(inst, got.paths, got.soc)
+        assert isinstance(check, Valid) and check.optimal
+    with pytest.raises(ValueError, match="bypass_conflicts"):
+        CBSOptions(bypass_conflicts="semi")
+
+
+def test_generator_versions_keep_their_search():
     from envgen.generator import GENERATOR_VERSIONS
 
-    for version in (2, 3):  # their files were written with the whole exhaustive budget first
-        assert GENERATOR_VERSIONS[version].solve.keywords["options"].interleave is False
+    for version in (2, 3):  # their files were written with the whole exhaustive budget first, bypassing every conflict
+        options = GENERATOR_VERSIONS[version].solve.keywords["options"]
+        assert options.interleave is False and options.bypass_conflicts == "all"
