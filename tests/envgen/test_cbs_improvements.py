@@ -39,6 +39,7 @@ ONE_AT_A_TIME = {
     "all_earliest_ties": replace(FULL, conflict_ties="earliest"),
     "prioritize_conflicts_earliest_ties": replace(PLAIN, prioritize_conflicts=True, conflict_ties="earliest"),
     "all_depth_first_merges": replace(FULL, merge_order="depth"),
+    "all_bypassing_every_conflict": replace(FULL, bypass_conflicts="all"),
 }
 BUDGET = SolverBudget(max_nodes=20_000, max_seconds=60)
 
