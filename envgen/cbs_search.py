@@ -463,7 +463,7 @@ class CBS:
         """The cardinality of ``conflict``, the one :meth:`_choose` took for its pair (NON without classification)."""
         if not self.options.prioritize_conflicts:
             return Priority.NON
-        ranked = node.classified.get((conflict.a, conflict.b)) or node.classified.get((conflict.b, conflict.a))
+        ranked = node.classified.get(pair_key(conflict.a, conflict.b))
         return Priority.NON if ranked is None else ranked[0][0]
 
     def _evaluate(self, node: Node) -> bool:

@@ -363,17 +363,16 @@ class VLLMBackend:
                                gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size,
                                max_model_len=max_model_len, load_format=load_format, enforce_eager=enforce_eager, **extra)
 
-    def sampling_params(self, n: int, params: SamplingParams, seed: int | None = None) -> Any:
-        """vLLM's sampling parameters for ``n`` samples under ``params``, seeded by ``seed`` (default
-        ``params.seed``; vLLM seeds the ``j``-th of the ``n`` samples with ``seed + j``)."""
+    def sampling_params(self, n: int, params: SamplingParams, seed: int) -> Any:
+        """vLLM's sampling parameters for ``n`` samples under ``params``, seeded by ``seed`` (vLLM seeds the ``j``-th
+        of the ``n`` samples with ``seed + j``)."""
         structured = {}
         if params.json_schema is not None:
             from vllm.sampling_params import StructuredOutputsParams
 
             structured = {"structured_outputs": StructuredOutputsParams(json=json.loads(params.json_schema))}
         return self._vllm.SamplingParams(n=n, max_tokens=params.max_new_tokens, temperature=params.temperature,
-                                         top_p=params.top_p, seed=params.seed if seed is None else seed,
-                                         stop=list(params.stop) or None,
+                                         top_p=params.top_p, seed=seed, stop=list(params.stop) or None,
                                          include_stop_str_in_output=True, **structured)
 
     def lora_request(self) -> Any:
