@@ -219,8 +219,12 @@ class TrainSettings(_Section):
         "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
         "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
         "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
-    compile_mode: Literal["default", "reduce-overhead"] = Field(
-        "default", description="torch.compile's mode for what torch_compile compiles: 'default', or 'reduce-overhead' "
+    compile_mode: Literal["default", "reduce-overhead", "decoder-graph"] = Field(
+        "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'decoder-graph' (with "
+        "compile_scope 'layers': the layers compiled in the default mode, and each padding-free warm-start row's pass "
+        "through the whole decoder, every layer forward and backward, replayed as two CUDA graphs per row width, "
+        "captured on the width's first pass; policy/decoder_graph.py; no gradient checkpointing; other passes as "
+        "'default'), or 'reduce-overhead' "
         "(CUDA graphs: each compiled region's kernels replayed as one graph per shape, so the CPU no longer launches "
         "them one by one; more GPU memory, one graph per padded shape). Only on CUDA; a step whose GPU waits on the "
         "CPU (ENV_ENGINEER_TRAIN_PROFILE's gpu_busy_share well below 1) is what it can shorten. The starting policy's "
@@ -234,6 +238,13 @@ class TrainSettings(_Section):
         "compiled phase (2048 for a compiled warm start's padding-free rows, sft_padding_free), else none (padding "
         "costs compute).")
 
+
+    @model_validator(mode="after")
+    def _decoder_graph(self) -> TrainSettings:
+        if self.compile_mode == "decoder-graph" and self.compile_scope != "layers":
+            raise ValueError("train.compile_mode = 'decoder-graph' captures a decoder whose layers are compiled one "
+                             f"by one; set train.compile_scope to 'layers' (not {self.compile_scope!r})")
+        return self
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSettings:

@@ -145,8 +145,16 @@ def _loader_args(config: TrainSettings, device: str, phase: Literal["sft", "grpo
 
 def compile_mode(config: TrainSettings, device: str) -> str:
     """torch.compile's mode for the training passes: ``compile_mode`` on CUDA, 'default' elsewhere (CUDA graphs need
-    CUDA)."""
+    CUDA); 'decoder-graph' compiles in the default mode (:func:`uses_decoder_graph` says where its graphs apply)."""
     return config.compile_mode if device == "cuda" else "default"
+
+
+def uses_decoder_graph(config: TrainSettings, device: str, phase: Literal["sft", "grpo"]) -> bool:
+    """Whether ``phase``'s passes replay the decoder as CUDA graphs (``compile_mode: decoder-graph``,
+    policy/decoder_graph.py): a compiled warm start of padding-free rows through varlen attention on CUDA, whose row
+    shapes repeat."""
+    return (phase == "sft" and compiles(config, phase) and compile_mode(config, device) == "decoder-graph"
+            and packed_attention_name(config, device) == "varlen_packed")
 
 
 def compiles(config: TrainSettings, phase: Literal["sft", "grpo"]) -> bool:
@@ -194,7 +202,7 @@ def compiled_layers(model: Any, enabled: bool, mode: str = "default") -> Iterato
         # not dynamic=True: compiled dynamic from the start, a warm-start step's first pass took 95 s on an H200 against
         # 17 s, and the epoch's short last batch still recompiled; torch's default compiles the first shape, then
         # once more with the changed dimensions dynamic (two recompilations of about 18 s in a 1,173-step warm start)
-        layer.compile(mode=None if mode == "default" else mode)
+        layer.compile(mode=None if mode in ("default", "decoder-graph") else mode)
     try:
         yield layers
     finally:
@@ -225,18 +233,21 @@ def lora_uncast(model: Any, enabled: bool) -> Iterator[None]:
 
 @contextlib.contextmanager
 def training_kernels(model: Any, config: TrainSettings, device: str, phase: Literal["sft", "grpo"],
-                     lora: bool = False) -> Iterator[None]:
+                     lora: bool = False) -> Iterator[Any]:
     """What a phase's training passes run with while inside: the warm start's padding-free attention
     (:func:`packed_attention`), the SDPA kernels of ``attention_kernel`` (:func:`attention_kernels`), LoRA in half
-    precision with ``lora`` (:func:`lora_uncast`) and, with ``compile_scope: layers``, decoder layers compiled one by one
-    (:func:`compiled_layers`)."""
+    precision with ``lora`` (:func:`lora_uncast`), with ``compile_scope: layers`` decoder layers compiled one by one
+    (:func:`compiled_layers`) and with ``compile_mode: decoder-graph`` the decoder replayed as CUDA graphs
+    (:func:`uses_decoder_graph`). Yields the graphed forward (its ``shapes``: passes per captured row width) or None."""
+    from policy.decoder_graph import decoder_graphs
+
     with contextlib.ExitStack() as stack:
         stack.enter_context(lora_uncast(model, lora))
         stack.enter_context(packed_attention(model, packed_attention_name(config, device) if phase == "sft" else None))
         stack.enter_context(attention_kernels(config.attention_kernel, device))
         stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers",
                                             compile_mode(config, device)))
-        yield
+        yield stack.enter_context(decoder_graphs(model, uses_decoder_graph(config, device, phase)))
 
 
 PAD_MULTIPLE_WHEN_COMPILED = 128
@@ -370,7 +381,7 @@ def graph_steps(config: TrainSettings, device: str, phase: Literal["sft", "grpo"
     """With CUDA graphs (``compile_mode: reduce-overhead`` in a compiled phase), a trainer callback that tells torch
     each optimizer step begins a new iteration (``torch.compiler.cudagraph_mark_step_begin``), so the graphs' output
     buffers of the step before may be reused; None otherwise."""
-    if not compiles(config, phase) or compile_mode(config, device) == "default":
+    if not compiles(config, phase) or compile_mode(config, device) != "reduce-overhead":
         return None
     import torch
     from transformers import TrainerCallback
@@ -580,7 +591,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
         multiple = padding_multiple(config, "sft") or 1
         trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
     start = time.perf_counter()
-    with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)):
+    with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)) as graphed:
         trainer.train()
     seconds = time.perf_counter() - start
     logged = [h for h in trainer.state.log_history if "loss" in h]
@@ -590,7 +601,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
             "sft/tokens": tokens, "sft/tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
             "sft/loss_first": losses[0] if losses else None, "sft/loss_last": losses[-1] if losses else None,
             "sft/loss_history": losses, "sft/loss_steps": [h["step"] for h in logged], "sft/step_seconds": clock.seconds,
-            "sft/batch_shapes": dict(trainer.batch_shapes)}
+            "sft/batch_shapes": dict(trainer.batch_shapes),
+            **({"sft/decoder_graph_passes": dict(graphed.shapes)} if graphed is not None else {})}
 
 
 def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device: str,

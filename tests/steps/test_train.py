@@ -457,6 +457,56 @@ def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_di
     assert calls and {(n, width % 512) for n, _, width in calls} == {(6, 0)} and len({m for _, m, _ in calls}) == 1
 
 
+def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny_model_dir, stage, tmp_path,
+                                                                            monkeypatch):
+    """``compile_mode: decoder-graph``: each padding-free row's pass goes through the decoder stack captured for its
+    width, captured once per width, and the losses are those of the plain varlen passes. CUDA graphs need CUDA, so
+    the capture is a stand-in that returns the stack itself (what the graphs record), the varlen kernel causal SDPA
+    per segment; a stack that differs from the decoder's own forward changes the losses."""
+    import torch
+    import torch.nn.functional as F
+
+    import policy.decoder_graph as graph_mod
+    import policy.packed_attention as packed
+
+    def per_segment(q, k, v, cu_seq, max_len, scale):
+        out = torch.zeros_like(q)
+        bounds = cu_seq.tolist()
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            if b > a:
+                seg = [x[a:b].transpose(0, 1) for x in (q, k, v)]
+                out[a:b] = F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    captured = []
+
+    def stand_in(stack, sample):
+        captured.append(tuple(tuple(a.shape) for a in sample))
+        return stack
+
+    monkeypatch.setattr(packed, "varlen_kernel", per_segment)
+    monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
+    monkeypatch.setattr(graph_mod, "cuda_capture", stand_in)
+    plain = uses = train_mod.uses_decoder_graph
+    monkeypatch.setattr(train_mod, "uses_decoder_graph", lambda config, device, phase: phase == "sft" and (
+        config.compile_mode == "decoder-graph" or plain(config, device, phase)))
+    free = {"sft_padding_free": True, "pad_to_multiple_of": 512, "sft_epochs": 2, "compile_scope": "layers"}
+    losses, details = {}, {}
+    for name, mode in (("varlen", "default"), ("graph", "decoder-graph")):
+        out = tmp_path / name
+        metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                        *tiny(tiny_model_dir, grpo=False, compile_mode=mode, **free), out_details=out / "d.json")
+        losses[name] = metrics["sft/loss_first"], metrics["sft/loss_last"]
+        details[name] = json.loads((out / "d.json").read_text())
+    assert losses["graph"] == pytest.approx(losses["varlen"], rel=1e-5)
+    assert "sft/decoder_graph_passes" not in details["varlen"]
+    passes = details["graph"]["sft/decoder_graph_passes"]
+    assert sum(passes.values()) == details["graph"]["sft/steps"] == 4 and passes == details["graph"]["sft/batch_shapes"]
+    # one capture per width: (embeddings, positions, 6 boundaries) of a row a multiple of 512 wide
+    assert len(captured) == len(passes) and all(c[2] == (6,) and c[0][1] % 512 == 0 for c in captured)
+    assert uses is plain
+
+
 def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage, tmp_path, monkeypatch):
     import functools
 
