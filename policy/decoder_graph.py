@@ -54,14 +54,7 @@ class DecoderStack:
         self.longest = longest
 
     def __call__(self, hidden: Any, position_ids: Any, cu_seq: Any) -> Any:
-        import torch
-
         d = self.decoder
-        if torch.is_grad_enabled() and not hidden.requires_grad:
-            # a frozen embedding's output: the first layer's input would not require grad where every other layer's
-            # does, and a compiled layer compiles once for each (two compilations per row width, about 9 s each on an
-            # H200); its gradient, computed in the layer's compiled backward and dropped, costs far less
-            hidden = hidden.detach().requires_grad_()
         rotary = d.rotary_emb(hidden, position_ids=position_ids)
         segments = {"cu_seq_lens_q": cu_seq, "cu_seq_lens_k": cu_seq, "max_length_q": self.longest,
                     "max_length_k": self.longest}

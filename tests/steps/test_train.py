@@ -538,21 +538,52 @@ def test_kernel_time_counts_device_events_once():
 
 
 def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_dir):
+    import torch
     from transformers import AutoModelForCausalLM
 
     from steps.train import compiled_layers
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    embedding = model.get_input_embeddings().requires_grad_(False)  # frozen, as under LoRA
+    ids = torch.tensor([[5, 6, 7]])
     with compiled_layers(model, True) as layers:
         assert len(layers) == model.config.num_hidden_layers
         assert all(layer._compiled_call_impl is not None for layer in layers)
+        # the first layer's input requires grad in a training pass, as every other layer's does (one compilation)
+        assert embedding(ids).requires_grad
+        with torch.no_grad():
+            assert not embedding(ids).requires_grad
     assert all(layer._compiled_call_impl is None for layer in layers)
+    assert not embedding(ids).requires_grad
     with compiled_layers(model, False) as layers:
         assert layers == []
-    import torch
-
     with pytest.raises(ValueError, match="compile_scope to 'model'"), compiled_layers(torch.nn.Linear(2, 2), True):
         pass
+
+
+def test_compiled_layers_compile_once_for_a_frozen_embeddings_training_pass(tiny_model_dir):
+    """Under LoRA the embedding is frozen: without the hook the first layer's input does not require grad where the
+    second's does, and each compiled layer compiles twice (a recompilation of about 9 s per shape on an H200)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from steps.train import compiled_layers
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
+    model.get_input_embeddings().requires_grad_(False)
+    ids = torch.tensor([[5, 6, 7, 8]])
+    from torch._dynamo.utils import counters
+
+    compilations = []
+    for hooked in (True, False):
+        torch._dynamo.reset()
+        counters.clear()
+        with compiled_layers(model, True):
+            if not hooked:  # the hook taken off again: the pass as it was
+                model.get_input_embeddings()._forward_hooks.clear()
+            model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+            compilations.append(counters["stats"]["unique_graphs"])
+    assert compilations == [1, 2]
 
 
 def test_compile_mode_reaches_the_layers_or_the_trainer_on_cuda_only(tmp_path, monkeypatch):
