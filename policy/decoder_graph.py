@@ -4,8 +4,9 @@ With each decoder layer compiled on its own and CUDA graphs per layer (``compile
 pass of the embedded model still crosses 60 compiled regions from Python (30 layers, forward and backward), each with
 a guard check, its wrappers and a graph launch; in a warm-start step the CPU was busier than the GPU
 (docs/benchmarks.md). Here the decoder below the token embedding (the rotary embedding, every layer, the final norm)
-is captured whole with ``torch.cuda.make_graphed_callables`` the first time a shape is seen, and every later pass of
-that shape replays two graphs: the forward, and the backward, which also gives the trainable parameters' gradients.
+is captured whole the first time a shape is seen (:func:`cuda_capture`, the recipe of
+``torch.cuda.make_graphed_callables``), and every later pass of that shape replays two graphs: the forward, and the
+backward, which also gives the trainable parameters' gradients.
 
 It takes the passes whose shapes repeat: one padding-free row under grad mode with its demonstrations' boundaries and
 longest length (``cu_seq_lens_q``, ``max_length_q``; as :class:`policy.packed_attention.FixedSegments` makes them,
