@@ -82,7 +82,8 @@ def cuda_capture(stack: DecoderStack, sample: tuple[Any, ...]) -> Callable[..., 
     off (cached casts would outlive the graph), so it computes what the pass would."""
     import torch
 
-    wanted = [a for a in sample if a.requires_grad] + [p for p in stack.decoder.parameters() if p.requires_grad]
+    params = tuple(p for p in stack.decoder.parameters() if p.requires_grad)
+    wanted = [a for a in sample if a.requires_grad] + list(params)
     static = tuple(sample)
     autocast = torch.autocast("cuda", dtype=torch.get_autocast_dtype("cuda"), enabled=torch.is_autocast_enabled("cuda"),
                               cache_enabled=False)
@@ -123,8 +124,6 @@ def cuda_capture(stack: DecoderStack, sample: tuple[Any, ...]) -> Callable[..., 
             backward_graph.replay()
             grads = iter(torch._foreach_mul(list(static_grads), 1.0))  # copies: the pool's are rewritten next replay
             return (*(next(grads) if need else None for need in needs), *grads)
-
-    params = tuple(p for p in stack.decoder.parameters() if p.requires_grad)
 
     def replay(*args: Any) -> Any:
         return Replay.apply(*args, *params)

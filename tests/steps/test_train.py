@@ -28,6 +28,21 @@ def tiny(model_dir, **over) -> tuple[TrainSettings, PolicySettings]:
     return TrainSettings(**{**base, **over}), PolicySettings(model=str(model_dir))
 
 
+def causal_per_segment(q, k, v, cu_seq, max_len, scale):
+    """Causal SDPA within each segment of ``cu_seq``: the maths of the CUDA-only varlen kernel
+    (``policy.packed_attention.varlen_kernel``), so the padding-free path runs on the CPU."""
+    import torch
+    import torch.nn.functional as F
+
+    out = torch.zeros_like(q)
+    bounds = cu_seq.tolist()
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        if b > a:
+            seg = [x[a:b].transpose(0, 1) for x in (q, k, v)]
+            out[a:b] = F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale).transpose(0, 1)
+    return out
+
+
 def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
     rows = pq.read_table(stage).to_pylist()
     for style in (PromptStyle(moves="letters", trace=True), PromptStyle()):
@@ -426,23 +441,15 @@ def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_di
     demonstrations' boundaries, always ``n + 2`` of them (the row's padding one segment) and one longest length, and
     the first step's loss equals the padded batch's. The CUDA kernel is replaced here by causal SDPA per segment (the
     same maths), so everything around it runs on the CPU; a wrong boundary or head layout changes the loss."""
-    import torch
-    import torch.nn.functional as F
-
     import policy.packed_attention as packed
 
     calls = []
 
     def per_segment(q, k, v, cu_seq, max_len, scale):
-        out = torch.zeros_like(q)
         bounds = cu_seq.tolist()
         calls.append((len(bounds), max_len, bounds[-1]))
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            assert b - a <= max_len
-            if b > a:
-                seg = [x[a:b].transpose(0, 1) for x in (q, k, v)]
-                out[a:b] = F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale).transpose(0, 1)
-        return out
+        assert all(b - a <= max_len for a, b in zip(bounds[:-1], bounds[1:]))
+        return causal_per_segment(q, k, v, cu_seq, max_len, scale)
 
     monkeypatch.setattr(packed, "varlen_kernel", per_segment)
     monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
@@ -463,20 +470,8 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
     width, captured once per width, and the losses are those of the plain varlen passes. CUDA graphs need CUDA, so
     the capture is a stand-in that returns the stack itself (what the graphs record), the varlen kernel causal SDPA
     per segment; a stack that differs from the decoder's own forward changes the losses."""
-    import torch
-    import torch.nn.functional as F
-
     import policy.decoder_graph as graph_mod
     import policy.packed_attention as packed
-
-    def per_segment(q, k, v, cu_seq, max_len, scale):
-        out = torch.zeros_like(q)
-        bounds = cu_seq.tolist()
-        for a, b in zip(bounds[:-1], bounds[1:]):
-            if b > a:
-                seg = [x[a:b].transpose(0, 1) for x in (q, k, v)]
-                out[a:b] = F.scaled_dot_product_attention(*seg, is_causal=True, scale=scale).transpose(0, 1)
-        return out
 
     captured = []
 
@@ -484,7 +479,7 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
         captured.append(tuple(tuple(a.shape) for a in sample))
         return stack
 
-    monkeypatch.setattr(packed, "varlen_kernel", per_segment)
+    monkeypatch.setattr(packed, "varlen_kernel", causal_per_segment)
     monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
     monkeypatch.setattr(graph_mod, "cuda_capture", stand_in)
     plain = uses = train_mod.uses_decoder_graph
