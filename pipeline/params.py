@@ -136,6 +136,14 @@ class TrainSettings(_Section):
         "demonstrations; a different few each epoch, as the order is reshuffled). A compiled warm start otherwise "
         "compiles its layers and records CUDA graphs again for the short batch's shape: 25 s of the 50,000-"
         "demonstration recipe on an H200 with a cold compile cache, 5-6 s warm (docs/benchmarks.md).")
+    sft_label_selection: Literal["mask", "index"] = Field(
+        "mask", description="How a warm-start pass finds the positions its loss is taken at: 'mask', TRL's fused LM "
+        "head selecting them on the GPU with the labels' mask (a selection whose size the CPU must read, four times a "
+        "step: the CPU waits for the GPU before it can issue the backward pass), or 'index', the collator listing them "
+        "beside the training loop and the head taking them by index (policy/label_index.py; nothing read on the step; "
+        "the same loss, entropy and accuracy as 'mask'). 'index' needs a plain LM head (no logit scaling or "
+        "soft-capping: Llama, Qwen, SmolLM2) and, when the warm start is compiled, compile_scope 'layers'. Not yet "
+        "timed on a GPU.")
     sft_loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="Processes that collate the warm start's batches (padding, masks) beside the training "
         "loop (transformers' dataloader_num_workers; the same batches in the same order): 'auto' is 2 on CUDA, where "
@@ -245,6 +253,15 @@ class TrainSettings(_Section):
         if self.compile_mode == "decoder-graph" and self.compile_scope != "layers":
             raise ValueError("train.compile_mode = 'decoder-graph' captures a decoder whose layers are compiled one "
                              f"by one; set train.compile_scope to 'layers' (not {self.compile_scope!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _label_selection(self) -> TrainSettings:
+        whole_model = self.torch_compile in (True, "sft") and self.compile_scope == "model"
+        if self.sft_label_selection == "index" and whole_model:
+            raise ValueError("train.sft_label_selection = 'index' runs the backbone and the LM head apart, which a "
+                             "whole compiled model does not; set train.compile_scope to 'layers', or "
+                             "train.sft_label_selection to 'mask'")
         return self
 
     @model_validator(mode="after")

@@ -521,27 +521,50 @@ def deferred_metrics_trainer() -> type:
                     and ("attention_mask" in inputs or "position_ids" in inputs))
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            from policy.label_index import KEYS
+
             if model.training and "input_ids" in inputs:
                 self.batch_shapes["x".join(map(str, inputs["input_ids"].shape))] += 1
+            listed = {key: inputs.pop(key) for key in KEYS if key in inputs}
             if not self._plain(model, inputs, return_outputs):
                 return super().compute_loss(model, inputs, return_outputs=return_outputs,
                                             num_items_in_batch=num_items_in_batch)
             import torch
 
             inputs["use_cache"] = False
-            outputs = model(**inputs, fused_lm_head=True)
-            valid = outputs.label_mask.sum()
+            if listed:
+                log_probs, entropy, is_top1, weights = self._listed(model, inputs, listed)
+                valid = weights.sum()
+                log_probs, entropy, is_top1 = log_probs * weights, entropy.detach() * weights, is_top1 * weights
+            else:
+                outputs = model(**inputs, fused_lm_head=True)
+                valid = outputs.label_mask.sum()
+                log_probs, entropy, is_top1 = outputs.log_probs, outputs.entropy, outputs.is_top1
             num_tokens = valid if num_items_in_batch is None else num_items_in_batch
-            loss = -outputs.log_probs.sum() / torch.as_tensor(num_tokens).clamp(min=1)
+            loss = -log_probs.sum() / torch.as_tensor(num_tokens).clamp(min=1)
             # TRL's values: per pass, the mean over the completion's tokens, 0 for a pass without any
             per_token = valid.clamp(min=1)
-            self._pending["entropy"].append(outputs.entropy.detach().sum() / per_token)
-            self._pending["mean_token_accuracy"].append(outputs.is_top1.sum() / per_token)
+            self._pending["entropy"].append(entropy.detach().sum() / per_token)
+            self._pending["mean_token_accuracy"].append(is_top1.sum() / per_token)
             if "attention_mask" in inputs:
                 self._pending_tokens.append(inputs["attention_mask"].sum())
             else:  # a padding-free row: TRL counts its whole width, padding included
                 self._row_tokens += inputs["position_ids"].size(1)
             return loss
+
+        @staticmethod
+        def _listed(model: Any, inputs: dict[str, Any], listed: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+            """The pass through the backbone and, at the positions the collator listed (policy/label_index.py), the
+            LM head: per listed position its log-probability, entropy and top-1 flag, and its weight (0: padding)."""
+            from peft import PeftModel
+
+            from policy.label_index import indexed_log_probs, plain_head
+
+            causal = model.get_base_model() if isinstance(model, PeftModel) else model
+            inputs.pop("labels", None)
+            hidden = causal.base_model(**inputs).last_hidden_state
+            return (*indexed_log_probs(hidden, plain_head(causal), listed["label_positions"], listed["label_targets"]),
+                    listed["label_weights"])
 
         def flush_metrics(self) -> None:
             """Read the kept metrics off the device (one synchronization) into TRL's own metrics."""
@@ -606,6 +629,13 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
         # the row's padding is one segment too, shorter than the padding multiple
         multiple = padding_multiple(config, "sft") or 1
         trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
+    if config.sft_label_selection == "index":
+        from peft import PeftModel
+
+        from policy.label_index import LabelPositions, plain_head
+
+        plain_head(model.get_base_model() if isinstance(model, PeftModel) else model)  # refuses a scaled head now
+        trainer.data_collator = LabelPositions(trainer.data_collator)
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)) as graphed:
         trainer.train()

@@ -422,6 +422,47 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
     assert [h["step"] for h in history] == [every * (i + 1) for i in range(steps // every)]
 
 
+@pytest.mark.parametrize("micro, free", [(None, False), (2, False), (None, True)])
+def test_label_positions_by_index_train_what_the_mask_trains(tiny_model_dir, stage, tmp_path, monkeypatch, micro,
+                                                              free):
+    """``sft_label_selection: index``: the collator lists the loss positions and every pass takes the LM head there
+    by index (policy/label_index.py); the logged loss, gradient norm, entropy, token accuracy and tokens equal those of
+    TRL's fused head selecting them by mask, padded or padding-free rows, one pass per step or two."""
+    import policy.label_index as index_mod
+
+    calls = []
+    original = index_mod.indexed_log_probs
+
+    def counted(*args, **kwargs):
+        calls.append(args[2].numel())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(index_mod, "indexed_log_probs", counted)
+    made = []
+    deferred = train_mod.deferred_metrics_trainer
+
+    def capturing():
+        class Captured(deferred()):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                made.append(self)
+        return Captured
+
+    monkeypatch.setattr(train_mod, "deferred_metrics_trainer", capturing)
+    lines = {}
+    for selection in ("mask", "index"):
+        out = tmp_path / selection
+        train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, sft_micro_batch_size=micro, sft_padding_free=free,
+                    sft_label_selection=selection))
+        lines[selection] = [h for h in made[-1].state.log_history if "loss" in h]
+    assert len(lines["index"]) == len(lines["mask"]) == 4
+    for ours, theirs in zip(lines["index"], lines["mask"]):
+        for key in ("loss", "grad_norm", "entropy", "mean_token_accuracy", "num_tokens", "step"):
+            assert ours[key] == pytest.approx(theirs[key], rel=1e-5), key
+    assert len(calls) == 4 * (4 // (micro or 4)) and all(n % index_mod.INDEX_MULTIPLE == 0 for n in calls)
+
+
 def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
@@ -469,7 +510,8 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
     """``compile_mode: decoder-graph``: each padding-free row's pass goes through the decoder stack captured for its
     width, captured once per width, and the losses are those of the plain varlen passes. CUDA graphs need CUDA, so
     the capture is a stand-in that returns the stack itself (what the graphs record), the varlen kernel causal SDPA
-    per segment; a stack that differs from the decoder's own forward changes the losses."""
+    per segment; a stack that differs from the decoder's own forward changes the losses. The same with the LM head
+    taken at the collator's listed positions after the stack (``sft_label_selection: index``)."""
     import policy.decoder_graph as graph_mod
     import policy.packed_attention as packed
 
@@ -487,18 +529,21 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
         config.compile_mode == "decoder-graph" or plain(config, device, phase)))
     free = {"sft_padding_free": True, "pad_to_multiple_of": 512, "sft_epochs": 2, "compile_scope": "layers"}
     losses, details = {}, {}
-    for name, mode in (("varlen", "default"), ("graph", "decoder-graph")):
+    for name, mode, selection in (("varlen", "default", "mask"), ("graph", "decoder-graph", "mask"),
+                                  ("graph-index", "decoder-graph", "index")):
         out = tmp_path / name
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                        *tiny(tiny_model_dir, grpo=False, compile_mode=mode, **free), out_details=out / "d.json")
+                        *tiny(tiny_model_dir, grpo=False, compile_mode=mode, sft_label_selection=selection, **free),
+                        out_details=out / "d.json")
         losses[name] = metrics["sft/loss_first"], metrics["sft/loss_last"]
         details[name] = json.loads((out / "d.json").read_text())
     assert losses["graph"] == pytest.approx(losses["varlen"], rel=1e-5)
+    assert losses["graph-index"] == pytest.approx(losses["varlen"], rel=1e-5)  # the head by index after the graphs
     assert "sft/decoder_graph_passes" not in details["varlen"]
     passes = details["graph"]["sft/decoder_graph_passes"]
     assert sum(passes.values()) == details["graph"]["sft/steps"] == 4 and passes == details["graph"]["sft/batch_shapes"]
     # one capture per width: (embeddings, positions, 6 boundaries) of a row a multiple of 512 wide
-    assert len(captured) == len(passes) and all(c[2] == (6,) and c[0][1] % 512 == 0 for c in captured)
+    assert len(captured) == 2 * len(passes) and all(c[2] == (6,) and c[0][1] % 512 == 0 for c in captured)
     assert uses is plain
 
 
