@@ -552,19 +552,21 @@ def deferred_metrics_trainer() -> type:
                 self._row_tokens += inputs["position_ids"].size(1)
             return loss
 
-        @staticmethod
-        def _listed(model: Any, inputs: dict[str, Any], listed: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
+        def _listed(self, model: Any, inputs: dict[str, Any], listed: dict[str, Any]) -> tuple[Any, Any, Any, Any]:
             """The pass through the backbone and, at the positions the collator listed (policy/label_index.py), the
-            LM head: per listed position its log-probability, entropy and top-1 flag, and its weight (0: padding)."""
+            LM head: per listed position its log-probability, entropy and top-1 flag, and its weight (0: padding).
+            Under the trainer's autocast, which accelerate otherwise enters only around the model's own forward."""
             from peft import PeftModel
 
             from policy.label_index import indexed_log_probs, plain_head
 
             causal = model.get_base_model() if isinstance(model, PeftModel) else model
             inputs.pop("labels", None)
-            hidden = causal.base_model(**inputs).last_hidden_state
-            return (*indexed_log_probs(hidden, plain_head(causal), listed["label_positions"], listed["label_targets"]),
-                    listed["label_weights"])
+            with self.accelerator.autocast():
+                hidden = causal.base_model(**inputs).last_hidden_state
+                selected = indexed_log_probs(hidden, plain_head(causal), listed["label_positions"],
+                                             listed["label_targets"])
+            return (*selected, listed["label_weights"])
 
         def flush_metrics(self) -> None:
             """Read the kept metrics off the device (one synchronization) into TRL's own metrics."""

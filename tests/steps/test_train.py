@@ -463,6 +463,33 @@ def test_label_positions_by_index_train_what_the_mask_trains(tiny_model_dir, sta
     assert len(calls) == 4 * (4 // (micro or 4)) and all(n % index_mod.INDEX_MULTIPLE == 0 for n in calls)
 
 
+def test_label_positions_by_index_run_under_the_trainers_autocast(tiny_model_dir, stage, tmp_path, monkeypatch):
+    """With mixed precision (bfloat16, as on CUDA; forced here on the CPU) accelerate enters autocast only around the
+    model's own forward; the passes that take the head by index, which call the backbone and the head themselves,
+    run under it too, and train about the loss the mask's passes train."""
+    import torch
+
+    import policy.label_index as index_mod
+
+    states = []
+    original = index_mod.indexed_log_probs
+
+    def spied(hidden, *args, **kwargs):
+        states.append(torch.is_autocast_enabled("cpu"))
+        return original(hidden, *args, **kwargs)
+
+    monkeypatch.setattr(index_mod, "indexed_log_probs", spied)
+    common = train_mod._common_args
+    monkeypatch.setattr(train_mod, "_common_args", lambda *a, **k: {**common(*a, **k), "bf16": True})
+    losses = {}
+    for selection in ("mask", "index"):
+        out = tmp_path / selection
+        losses[selection] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
+                                  *tiny(tiny_model_dir, grpo=False, sft_label_selection=selection))["sft/loss_first"]
+    assert states and all(states)
+    assert losses["index"] == pytest.approx(losses["mask"], rel=2e-2)
+
+
 def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
