@@ -34,9 +34,9 @@ UNASKED = frozenset({"output_attentions", "output_hidden_states"})
 def decoder_of(model: Any) -> Any:
     """The decoder (transformers' base model: embedding, layers, final norm) under a PEFT or causal-LM model; raises
     when it lacks one of :data:`REQUIRED`."""
-    from peft import PeftModel
+    from policy.lora import causal_lm
 
-    causal = model.get_base_model() if isinstance(model, PeftModel) else model
+    causal = causal_lm(model)
     decoder = getattr(causal, getattr(causal, "base_model_prefix", "model"), None)
     missing = [name for name in REQUIRED if decoder is None or not hasattr(decoder, name)]
     if missing:

@@ -35,3 +35,10 @@ def load_trainable(model: str, init_adapter: str | Path | None = None, *, r: int
         if isinstance(config.target_modules, (set, frozenset)):
             config.target_modules = sorted(config.target_modules)  # a set is saved in hash order: different every run
     return peft_model, load_tokenizer(model)
+
+
+def causal_lm(model: Any) -> Any:
+    """The causal LM inside ``model``: a PEFT model's base model (with its LoRA layers in place), else ``model``."""
+    from peft import PeftModel
+
+    return model.get_base_model() if isinstance(model, PeftModel) else model

@@ -44,6 +44,7 @@ from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
 from pipeline.progress import trainer_progress
 from policy.devices import world_size
+from policy.lora import causal_lm
 
 
 class RecordingReward:
@@ -165,10 +166,7 @@ def compiles(config: TrainSettings, phase: Literal["sft", "grpo"]) -> bool:
 def decoder_layers(model: Any) -> list[Any]:
     """The model's decoder layers: the modules of the classes its ``_no_split_modules`` names (transformers' own list
     of the blocks that repeat)."""
-    from peft import PeftModel
-
-    base = model.get_base_model() if isinstance(model, PeftModel) else model
-    names = set(getattr(base, "_no_split_modules", None) or [])
+    names = set(getattr(causal_lm(model), "_no_split_modules", None) or [])
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
@@ -556,15 +554,13 @@ def deferred_metrics_trainer() -> type:
             """The pass through the backbone and, at the positions the collator listed (policy/label_index.py), the
             LM head: per listed position its log-probability, entropy and top-1 flag, and its weight (0: padding).
             Under the trainer's autocast, which accelerate otherwise enters only around the model's own forward."""
-            from peft import PeftModel
+            from policy.label_index import indexed_log_probs
 
-            from policy.label_index import indexed_log_probs, plain_head
-
-            causal = model.get_base_model() if isinstance(model, PeftModel) else model
+            causal = causal_lm(model)
             inputs.pop("labels", None)
-            with self.accelerator.autocast():
+            with self.accelerator.autocast():  # warm_start checked the head (plain_head)
                 hidden = causal.base_model(**inputs).last_hidden_state
-                selected = indexed_log_probs(hidden, plain_head(causal), listed["label_positions"],
+                selected = indexed_log_probs(hidden, causal.get_output_embeddings(), listed["label_positions"],
                                              listed["label_targets"])
             return (*selected, listed["label_weights"])
 
@@ -632,11 +628,9 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
         multiple = padding_multiple(config, "sft") or 1
         trainer.data_collator = FixedSegments(trainer.data_collator, max(longest, multiple - 1))
     if config.sft_label_selection == "index":
-        from peft import PeftModel
-
         from policy.label_index import LabelPositions, plain_head
 
-        plain_head(model.get_base_model() if isinstance(model, PeftModel) else model)  # refuses a scaled head now
+        plain_head(causal_lm(model))  # refuses a scaled head now
         trainer.data_collator = LabelPositions(trainer.data_collator)
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)) as graphed:
