@@ -142,8 +142,9 @@ class TrainSettings(_Section):
         "step: the CPU waits for the GPU before it can issue the backward pass), or 'index', the collator listing them "
         "beside the training loop and the head taking them by index (policy/label_index.py; nothing read on the step; "
         "the same loss, entropy and accuracy as 'mask'). 'index' needs a plain LM head (no logit scaling or "
-        "soft-capping: Llama, Qwen, SmolLM2) and, when the warm start is compiled, compile_scope 'layers'. Not yet "
-        "timed on a GPU.")
+        "soft-capping: Llama, Qwen, SmolLM2) and, when the warm start is compiled, compile_scope 'layers'. With "
+        "compile_mode 'decoder-graph' on an H200, a warm compilation cache: 1.05-1.10x the training speed of 'mask' for "
+        "the same seed (docs/benchmarks.md).")
     sft_loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="Processes that collate the warm start's batches (padding, masks) beside the training "
         "loop (transformers' dataloader_num_workers; the same batches in the same order): 'auto' is 2 on CUDA, where "
