@@ -66,6 +66,28 @@ class DecoderStack:
         return d.norm(hidden)
 
 
+def copier(tensors: tuple[Any, ...]) -> Callable[[], list[Any]]:
+    """A function that returns fresh copies of ``tensors``, in their order, with one multi-tensor operation per dtype.
+    PyTorch's multi-tensor operations fall back to one kernel per tensor when a list mixes dtypes, as a decoder's
+    gradients do (LoRA weights in float32, the bfloat16 input's gradient): 426 single-tensor kernels a step in a
+    profile of the embedded model's warm start (docs/benchmarks.md), where one operation per dtype launches a few."""
+    import torch
+
+    groups: dict[Any, list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    lists = [(idx, [tensors[i] for i in idx]) for idx in groups.values()]
+
+    def copies() -> list[Any]:
+        out: list[Any] = [None] * len(tensors)
+        for idx, group in lists:
+            for i, copy in zip(idx, torch._foreach_mul(group, 1.0)):
+                out[i] = copy
+        return out
+
+    return copies
+
+
 WARMUP_PASSES = 3
 """Forward and backward passes run on a side stream before a capture (as ``torch.cuda.make_graphed_callables`` does):
 the layers compile, and the allocator and kernels settle, before anything is recorded."""
@@ -77,9 +99,9 @@ def cuda_capture(stack: DecoderStack, sample: tuple[Any, ...]) -> Callable[..., 
     backward pass, a backward graph. The recipe of ``torch.cuda.make_graphed_callables`` (warm-up passes on a side
     stream, the forward captured, then ``torch.autograd.grad`` of its output captured, one memory pool for both), with
     two differences: the captures are thread-local (the data loader's pinning thread keeps working while they run),
-    and the gradients are handed back as copies (one multi-tensor kernel), so a second pass before the optimizer step
-    adds to the first instead of overwriting it. Under autocast the capture runs in the autocast's dtype with its cache
-    off (cached casts would outlive the graph), so it computes what the pass would."""
+    and the gradients are handed back as copies (one multi-tensor operation per dtype: :func:`copier`), so a second
+    pass before the optimizer step adds to the first instead of overwriting it. Under autocast the capture runs in the
+    autocast's dtype with its cache off (cached casts would outlive the graph), so it computes what the pass would."""
     import torch
 
     params = tuple(p for p in stack.decoder.parameters() if p.requires_grad)
@@ -106,6 +128,7 @@ def cuda_capture(stack: DecoderStack, sample: tuple[Any, ...]) -> Callable[..., 
         with torch.cuda.graph(backward_graph, pool=pool, capture_error_mode="thread_local"):
             static_grads = torch.autograd.grad(static_out, wanted, grad_outputs=static_grad_out)
     needs = [a.requires_grad for a in static]
+    copies = copier(tuple(static_grads))  # the pool's are rewritten next replay
 
     class Replay(torch.autograd.Function):
         @staticmethod
@@ -122,7 +145,7 @@ def cuda_capture(stack: DecoderStack, sample: tuple[Any, ...]) -> Callable[..., 
             if grad.data_ptr() != static_grad_out.data_ptr():
                 static_grad_out.copy_(grad)
             backward_graph.replay()
-            grads = iter(torch._foreach_mul(list(static_grads), 1.0))  # copies: the pool's are rewritten next replay
+            grads = iter(copies())
             return (*(next(grads) if need else None for need in needs), *grads)
 
     def replay(*args: Any) -> Any:

@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from pipeline.params import TrainSettings
-from policy.decoder_graph import DecoderStack, decoder_graphs, decoder_of
+from policy.decoder_graph import DecoderStack, copier, decoder_graphs, decoder_of
 
 
 @pytest.fixture()
@@ -127,3 +127,26 @@ def test_decoder_graph_applies_to_compiled_padding_free_warm_starts_on_cuda_only
                 {"sft_packed_attention": "flex"}, {"compile_mode": "reduce-overhead"}):
         assert not uses_decoder_graph(on.model_copy(update=off), "cuda", "sft"), off
     assert graph_steps(on, "cuda", "sft") is None  # no cudagraph_mark_step_begin: torch.compile records no graphs
+
+
+def test_the_gradients_are_copied_one_dtype_at_a_time_in_their_order(monkeypatch):
+    """A multi-tensor operation over mixed dtypes takes PyTorch's one-kernel-per-tensor fallback: the copies go one
+    dtype per call, and come back in the order given, as new tensors with the same values."""
+    torch.manual_seed(0)
+    bf16 = torch.bfloat16
+    grads = (torch.randn(3, dtype=bf16), torch.randn(2, 4), torch.randn(5), torch.randn(2, dtype=bf16))
+    calls = []
+    real = torch._foreach_mul
+
+    def counted(tensors, scalar):
+        calls.append({t.dtype for t in tensors})
+        return real(tensors, scalar)
+
+    monkeypatch.setattr(torch, "_foreach_mul", counted)
+    copies = copier(grads)()
+    assert sorted(map(sorted, calls), key=str) == sorted([[torch.bfloat16], [torch.float32]], key=str)
+    for given, copy in zip(grads, copies, strict=True):
+        assert copy.dtype == given.dtype and torch.equal(copy, given)
+        assert copy.data_ptr() != given.data_ptr()
+    grads[1].add_(1)  # the captured buffers are rewritten at the next replay: the copies keep their values
+    assert not torch.equal(copies[1], grads[1])
