@@ -4,7 +4,8 @@
         [--params params.yaml] [--set train.sft_epochs=2 --set train.trajectories=8192 ...]
 
 Stages: (1) the warm start alone (the train step with ``train.grpo=false``), evaluated; (2) GRPO from that adapter
-(``train.sft=false``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params``, with ``--set``. Evaluation is greedy decoding of every held-out instance with the adapter merged,
+(``train.sft=false``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params`` (with ``--settings
+start``: ``start.train`` and ``start.model``, the starting policy's), with ``--set``. Evaluation is greedy decoding of every held-out instance with the adapter merged,
 scored by the simulator; beside it the independent-shortest-path planner and the optimum on the same instances.
 Writes ``OUT/results.json`` (``results-grpo.json`` or ``results-sft.json`` when a stage is skipped), each stage's
 details (``details-sft.json``, ``details-grpo.json``: seconds per step and, for GRPO, per phase) and histories, and
@@ -80,6 +81,9 @@ def main() -> int:
     parser.add_argument("--out-dir", required=True, type=Path)
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="params file: its policy and train sections")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="parameter override")
+    parser.add_argument("--settings", choices=("train", "start"), default="train",
+                        help="whose settings: the curriculum's (the train section and policy.model, default) or the "
+                        "shared starting policy's (start.train and start.model; override them as start.train.KEY=VALUE)")
     parser.add_argument("--eval-max-new-tokens", type=int, default=320)
     parser.add_argument("--eval-batch-size", type=int, default=256)
     parser.add_argument("--skip-grpo", action="store_true", help="warm start only")
@@ -99,6 +103,8 @@ def main() -> int:
     evals = {k: Path(v) for k, v in evals.items()}
     params = load_params(args.params, args.set)
     cfg, policy = params.train, params.policy
+    if args.settings == "start":
+        cfg, policy = params.start.train, params.policy.model_copy(update={"model": params.start.model})
     report: dict = {"config": {"train": cfg.model_dump(mode="json"), "policy": policy.model_dump(mode="json")},
                     "planner": {n: planner_rates(p) for n, p in evals.items()}}
     for name, rates in report["planner"].items():
