@@ -102,9 +102,7 @@ def main() -> int:
     evals = dict(item.split("=", 1) for item in args.eval)
     evals = {k: Path(v) for k, v in evals.items()}
     params = load_params(args.params, args.set)
-    cfg, policy = params.train, params.policy
-    if args.settings == "start":
-        cfg, policy = params.start.train, params.policy.model_copy(update={"model": params.start.model})
+    cfg, policy = params.training(args.settings)
     report: dict = {"config": {"train": cfg.model_dump(mode="json"), "policy": policy.model_dump(mode="json")},
                     "planner": {n: planner_rates(p) for n, p in evals.items()}}
     for name, rates in report["planner"].items():

@@ -389,6 +389,13 @@ class Params(_Section):
     engineer: EngineerSettings = Field(default_factory=EngineerSettings, description=EngineerSettings.__doc__)
     start: StartSettings = Field(description=StartSettings.__doc__)
 
+    def training(self, whose: Literal["train", "start"] = "train") -> tuple[TrainSettings, PolicySettings]:
+        """The train settings and policy of ``whose`` training: the curriculum's (``train``, ``policy``) or the shared
+        starting policy's (``start.train``, and ``policy`` with ``start.model``)."""
+        if whose == "start":
+            return self.start.train, self.policy.model_copy(update={"model": self.start.model})
+        return self.train, self.policy
+
     @model_validator(mode="after")
     def _chain(self) -> Params:
         stages = self.curriculum

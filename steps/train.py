@@ -914,9 +914,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
         if world_size() == 1:  # a distributed launch gives each process its GPU
             claim_gpu()
-        settings, policy = params.train, params.policy
-        if args.settings == "start":  # the starting policy: its own settings and model
-            settings, policy = params.start.train, params.policy.model_copy(update={"model": params.start.model})
+        settings, policy = params.training(args.settings)
         metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, settings,
                         policy, args.init_adapter, args.out_details, args.out_sft_history,
                         args.out_grpo_history, not args.no_progress)
