@@ -90,9 +90,14 @@ def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
     return args + list(item.get("targets", ()))
 
 
-QUEUE_STALL_SECONDS = 180.0
-"""How long :func:`run_queue` waits with experiments unfinished, no DVC worker answering and no experiment's process
-running before it gives up."""
+QUEUE_STALL_SECONDS = 60.0
+"""How long :func:`run_queue` waits with experiments unfinished and no DVC worker or experiment process left before
+it gives up (dvc-task's process records say which are left; a worker takes a second or two to write its own)."""
+
+
+WORKERS_LEAVE_SECONDS = 120.0
+"""How long :func:`wait_for_workers_to_leave` waits for the workers of an earlier wave to leave. A worker leaves by
+itself about 10 s after it last saw the queue empty (dvc-task's ``TemporaryWorker`` checks every 10 s)."""
 
 
 QUEUE_FINAL = ("Success", "Failed")
@@ -100,36 +105,88 @@ QUEUE_FINAL = ("Success", "Failed")
 
 
 class QueueStalled(RuntimeError):
-    """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end."""
+    """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end.
+    ``unfinished``: their names and states."""
+
+    def __init__(self, message: str, unfinished: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.unfinished = unfinished or {}
+
+
+def live_processes(records: list[Path]) -> list[int]:
+    """The pids of dvc-task process records (``ProcessInfo`` JSON files) whose process still runs: a record gets its
+    return code when its process ends; one without, whose process is gone or a zombie, was killed; a half-written one
+    is skipped."""
+    import psutil
+    from dvc_task.proc.process import ProcessInfo
+
+    pids = []
+    for record in records:
+        try:
+            info = ProcessInfo.load(str(record))
+        except (OSError, ValueError, TypeError, KeyError):  # gone, or being written
+            continue
+        if info.returncode is not None:
+            continue
+        try:
+            if psutil.Process(info.pid).status() != psutil.STATUS_ZOMBIE:
+                pids.append(info.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def _exps_dir(repo: Path) -> Path:
+    from dvc.repo.experiments.utils import EXEC_TMP_DIR
+
+    return Path(repo) / ".dvc" / "tmp" / EXEC_TMP_DIR
+
+
+def queue_workers(repo: Path) -> list[int]:
+    """The pids of DVC's queue workers still running in ``repo`` (``dvc queue start`` spawns each through dvc-task,
+    which records it as ``celery/dvc-exp-worker-N.json``). Unlike ``dvc queue status``'s worker count, which pings
+    each worker for a second, this does not miss a worker that is busy on a loaded machine."""
+    return live_processes(sorted((_exps_dir(repo) / "celery").glob("dvc-exp-worker-*.json")))
 
 
 def experiment_process_alive(repo: Path) -> bool:
     """Whether a process that DVC's queue started for an experiment is still running (dvc-task records each one, its
-    pid and, once it has ended, its return code, under ``.dvc/tmp/exps/run``). A worker busy on a loaded machine can
-    miss the one-second status ping behind ``dvc queue status``'s worker count while its experiment runs on; a
-    worker killed with its experiment leaves a record without a return code whose process is gone."""
-    import psutil
-    from dvc.repo.experiments.utils import EXEC_PID_DIR, EXEC_TMP_DIR
-    from dvc_task.proc.manager import ProcessManager
+    pid and, once it has ended, its return code, under ``.dvc/tmp/exps/run/<rev>/<rev>.json``)."""
+    from dvc.repo.experiments.utils import EXEC_PID_DIR
 
-    manager = ProcessManager(str(Path(repo) / ".dvc" / "tmp" / EXEC_TMP_DIR / EXEC_PID_DIR))
-    for name in manager:
-        try:
-            info = manager[name]
-        except (KeyError, ValueError, TypeError):  # gone, or being written
-            continue
-        if info.returncode is None and psutil.pid_exists(info.pid):
-            return True
-    return False
+    return bool(live_processes(sorted((_exps_dir(repo) / EXEC_PID_DIR).glob("*/*.json"))))
+
+
+def wait_for_workers_to_leave(repo: Path, timeout: float = WORKERS_LEAVE_SECONDS, poll_seconds: float = 1.0) -> None:
+    """Return once no DVC queue worker runs in ``repo``; raise :class:`QueueStalled` after ``timeout`` seconds.
+
+    Queue a wave only then: a worker leaves when it finds the queue empty, and a task queued between that check and
+    its exit is taken and dropped (the worker shuts down with the task received and never runs it; DVC lists it as
+    Running for ever: DVC issues 10427 and 10562). So the experiments of a wave are queued while no worker runs, and
+    the wave's workers are started after the last one is queued."""
+    began = time.monotonic()
+    told = False
+    while pids := queue_workers(repo):
+        waited = time.monotonic() - began
+        if waited > timeout:
+            raise QueueStalled(f"DVC's queue worker(s) {', '.join(map(str, pids))} still run {waited:.0f} s after "
+                               "the last wave: an experiment queued now could be taken by a worker on its way out and "
+                               "lost; wait until `dvc queue status` lists no worker (or end them: kill "
+                               f"{' '.join(map(str, pids))}), then run compare again with --run")
+        if not told:
+            print(f"{time.strftime('%H:%M:%S')} queue: waiting for the {len(pids)} worker(s) of the last wave to leave",
+                  flush=True)
+            told = True
+        time.sleep(poll_seconds)
 
 
 def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
               stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
-    once the queue is empty; when none has answered for ``stall_seconds`` while some of ``names`` are unfinished and
-    no experiment's process is running (:func:`experiment_process_alive`: a worker killed, or stopped by hand), raises
-    :class:`QueueStalled` naming them and how to go on, instead of waiting forever."""
+    once the queue is empty; when for ``stall_seconds`` none is left (:func:`queue_workers`, or one answering
+    ``dvc queue status``) and no experiment's process runs (:func:`experiment_process_alive`) while some of ``names``
+    are unfinished, raises :class:`QueueStalled` naming them, why and how to go on, instead of waiting forever."""
     dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
     seen = time.monotonic()
 
@@ -138,14 +195,17 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
         states, workers = queue_status(repo)
         mine = {name: states.get(name, "Queued") for name in names}
         now = time.monotonic()
-        if workers or all(state in QUEUE_FINAL for state in mine.values()) or experiment_process_alive(repo):
+        if (workers or all(state in QUEUE_FINAL for state in mine.values()) or queue_workers(repo)
+                or experiment_process_alive(repo)):
             seen = now
         elif now - seen > stall_seconds:
-            open_ = ", ".join(f"{name} ({state.lower()})" for name, state in mine.items()
-                              if state not in QUEUE_FINAL)
-            raise QueueStalled(f"DVC's queue has had no worker for {now - seen:.0f} s while {open_} did not finish: "
-                               f"`dvc queue logs NAME` shows where one stopped; run compare again with --run (finished "
-                               f"experiments are kept) or `dvc queue start -j {jobs}` to go on")
+            unfinished = {name: state for name, state in mine.items() if state not in QUEUE_FINAL}
+            open_ = ", ".join(f"{name} ({state.lower()})" for name, state in unfinished.items())
+            raise QueueStalled(f"DVC's queue has had no worker and no experiment process for {now - seen:.0f} s while "
+                               f"{open_} did not finish (one marked running was taken by a worker that then left "
+                               "without running it, or its worker was killed; `dvc queue logs NAME` shows where one "
+                               "stopped): `dvc queue kill NAME` marks such a one failed, then run compare again with "
+                               "--run, which keeps the finished experiments and queues the others again", unfinished)
         return mine
 
     mine = wait_until_final(read, QUEUE_FINAL, "queue", poll_seconds)
@@ -160,6 +220,35 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
         print(f"{time.strftime('%H:%M:%S')} queue: DVC listed the saved experiments {waited:.0f} s after their tasks "
               "ended", flush=True)
     return mine
+
+
+def run_wave_in_queue(repo: Path, jobs: int, wave: list[dict[str, Any]], extra: dict[str, Any],
+                      retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
+    """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
+    ``jobs`` workers (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
+    process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
+    queued, at most ``retries`` times; returns each experiment's final status."""
+    items = {item["name"]: item for item in wave}
+    todo = list(wave)
+    attempts = 0
+    while True:
+        wait_for_workers_to_leave(repo)
+        for item in todo:
+            dvc(queue_args(item, extra), repo)
+            print(f"queued {item['name']}", flush=True)
+        try:
+            return run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
+        except QueueStalled as stalled:
+            attempts += 1
+            if attempts > retries:
+                raise
+            lost = [name for name, state in stalled.unfinished.items() if state == "Running"]
+            if lost:
+                dvc(["queue", "kill", *lost], repo)
+            todo = [items[name] for name in lost]
+            print(f"{time.strftime('%H:%M:%S')} queue: no worker left with {', '.join(stalled.unfinished)} "
+                  f"unfinished; {'queued again: ' + ', '.join(lost) if lost else 'workers started again'}",
+                  file=sys.stderr, flush=True)
 
 
 def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any], repo: Path | None = None) -> str:
@@ -270,17 +359,24 @@ def _count(states: dict[str, str]) -> dict[str, int]:
     return out
 
 
+STATE_PRECEDENCE = {"Running": 3, "Queued": 3, "Success": 2, "Failed": 1}
+"""Which task of a name queued more than once ``dvc queue status`` speaks for: an unfinished one, else one that
+succeeded, else a failed one (DVC lists running, queued, failed and succeeded tasks in that order, not by age)."""
+
+
 def queue_status(repo: Path) -> tuple[dict[str, str], int]:
     """``dvc queue status``: name -> status (Queued, Running, Success, Failed) of the experiments in DVC's queue (a
-    name queued again has the status of its newest task), and how many workers answered (active and idle)."""
-    states = {}
+    name queued again: :data:`STATE_PRECEDENCE`), and how many workers answered (active and idle)."""
+    states: dict[str, str] = {}
     workers = 0
     for line in dvc(["queue", "status"], repo).splitlines()[1:]:
         parts = line.split()
         if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
             workers = sum(int(word) for word in parts if word.isdigit())
-        elif len(parts) >= 3 and parts[-1] in ("Queued", "Running", "Success", "Failed"):
-            states[parts[1]] = parts[-1]
+        elif len(parts) >= 3 and parts[-1] in STATE_PRECEDENCE:
+            name, state = parts[1], parts[-1]
+            if STATE_PRECEDENCE[state] > STATE_PRECEDENCE.get(states.get(name, ""), 0):
+                states[name] = state
     return states, workers
 
 
@@ -557,10 +653,7 @@ def run(args: argparse.Namespace) -> int:
                 if args.via == "prefect":
                     states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
                 else:
-                    for item in wave:
-                        dvc(queue_args(item, extra), args.repo)
-                        print(f"queued {item['name']}", flush=True)
-                    states = run_queue(args.repo, args.jobs, [item["name"] for item in wave])
+                    states = run_wave_in_queue(args.repo, args.jobs, wave, extra)
                 failed = [name for name, state in states.items() if state == "Failed"]
                 if failed:
                     where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"

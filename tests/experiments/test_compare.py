@@ -335,6 +335,63 @@ def test_experiment_process_alive_reads_dvc_tasks_process_records(tmp_path):
     assert experiment_process_alive(tmp_path)
 
 
+def test_queue_workers_are_read_from_their_process_records_and_a_wave_waits_for_them_to_leave(tmp_path, monkeypatch):
+    """``dvc queue start`` records each worker as celery/dvc-exp-worker-N.json: one without a return code whose process
+    runs is a worker still there. A wave is queued only once none is (a task queued while one leaves is lost), and
+    waiting gives up with the pids and the way out."""
+    from dvc_task.proc.process import ProcessInfo
+
+    from experiments import compare
+
+    celery = tmp_path / ".dvc" / "tmp" / "exps" / "celery"
+    celery.mkdir(parents=True)
+    assert compare.queue_workers(tmp_path) == []
+    ProcessInfo(os.getpid(), None, None, None, 0).dump(str(celery / "dvc-exp-worker-1.json"))  # left
+    assert compare.queue_workers(tmp_path) == []
+    ProcessInfo(os.getpid(), None, None, None, None).dump(str(celery / "dvc-exp-worker-2.json"))
+    assert compare.queue_workers(tmp_path) == [os.getpid()]
+    with pytest.raises(compare.QueueStalled, match=rf"worker\(s\) {os.getpid()} still run.*kill {os.getpid()}"):
+        compare.wait_for_workers_to_leave(tmp_path, timeout=0.05, poll_seconds=0.01)
+    left = iter([[7], [7], []])
+    monkeypatch.setattr(compare, "queue_workers", lambda repo: next(left))
+    compare.wait_for_workers_to_leave(tmp_path, timeout=5, poll_seconds=0.01)  # returns once none is left
+
+
+def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
+    """An experiment DVC lists as running with no worker and no process left (taken by a worker on its way out) is
+    marked failed with `dvc queue kill` and queued again, workers are started again, and the wave finishes; a second
+    stall raises. A name queued twice reads as its unfinished task, else the one that succeeded."""
+    from experiments import compare
+
+    calls = []
+    status = iter(["abc  e1  10:00  Running\ndef  e2  10:00  Success\n",  # e1 lost: no worker, no process
+                   "abc  e1  10:00  Failed\nghi  e1  10:01  Success\ndef  e2  10:00  Success\n",
+                   "ghi  e1  10:01  Queued\nabc  e1  10:00  Failed\n"])
+
+    def fake_dvc(args, repo, leaves_processes=False):
+        calls.append(args[:3] if args[:2] != ["queue", "kill"] else args)
+        if args[:2] == ["queue", "status"]:
+            return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
+        return "e1\ne2\n" if args[:2] == ["exp", "list"] else ""
+
+    monkeypatch.setattr(compare, "dvc", fake_dvc)
+    monkeypatch.setattr(compare, "queue_workers", lambda repo: [])
+    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: False)
+    monkeypatch.setattr(compare.time, "sleep", lambda s: None)
+    wave = experiment_plan(["fixed"], [0, 1])
+    wave[0]["name"], wave[1]["name"] = "e1", "e2"
+    assert compare.run_wave_in_queue(Path("."), 2, wave, {}, stall_seconds=-1) == {"e1": "Success", "e2": "Success"}
+    queued = [c for c in calls if c[:3] == ["exp", "run", "--queue"]]
+    assert len(queued) == 3 and ["queue", "kill", "e1"] in calls  # e1, e2, then e1 again
+    assert calls.index(["queue", "kill", "e1"]) < len(calls) - 1 - calls[::-1].index(["exp", "run", "--queue"])
+    assert sum(c[:2] == ["queue", "start"] for c in calls) == 2
+    assert "queued again: e1" in capsys.readouterr().err
+    assert compare.queue_status(Path(".")) == ({"e1": "Queued"}, 0)  # the task queued again speaks for e1
+    status = iter(["abc  e1  10:00  Running\n"] * 10)
+    with pytest.raises(compare.QueueStalled, match=r"e1 \(running\).*dvc queue kill NAME"):
+        compare.run_wave_in_queue(Path("."), 2, wave[:1], {}, retries=0, stall_seconds=-1)
+
+
 def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
     (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
@@ -354,6 +411,7 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
         """``polls`` replies of e1 Running with ``workers`` answering (and its process ``alive``), then Success."""
         answers = iter([alive] * polls)
         monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: next(answers, False))
+        monkeypatch.setattr(compare, "queue_workers", lambda repo: [])
         replies[:] = [table.format("abc1234  e1  10:00  Running", workers, 0)] * polls + [
             table.format("abc1234  e1  10:00  Success", 0, 0)]
         return compare.run_queue(Path("."), 2, ["e1"], poll_seconds=0.01, stall_seconds=0.05)
