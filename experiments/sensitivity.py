@@ -6,7 +6,9 @@ hand-set environment configurations (and seeds), every resulting adapter scored 
 (configuration, seed), the pipeline's own commands: ``generate-instances`` (the configuration with its ``seed`` set to
 the run's seed, excluding the held-out instances), ``train --init-adapter START --set train.seed=SEED`` (the params
 file's train section: the per-stage budget), then ``rollout`` of the held-out instances; the starting adapter is scored
-too. Everything a run writes stays under ``--work`` and a finished command is not run again, so an interrupted
+too. A configuration given as ``a.yaml+b.yaml+c.yaml`` is a sequence of stages: stage k trains on its own configuration
+(seed ``SEED + 1000 k``, so no two stages draw the same instances) from stage k-1's adapter, and the last stage is
+scored; a stage whose sequence begins like another's (``a`` of ``a+b``, or ``a`` alone) is trained once and shared. Everything a run writes stays under ``--work`` and a finished command is not run again, so an interrupted
 experiment resumes where it stopped. ``--budget-s`` stops starting new runs after that many seconds; ``--jobs N`` runs N
 at once (with ``ENV_ENGINEER_GPUS=0,1 ENV_ENGINEER_GPU_SLOTS=4`` their steps share two GPUs, four processes each); a
 failed run is reported, the others go on, and it is tried again at the end, alone (``--retries``, default once).
@@ -63,6 +65,15 @@ def combine_heldout(files: list[Path], out: Path) -> dict[str, str]:
     return origin
 
 
+STAGE_SEED_STEP = 1000
+"""Stage k of a sequence draws its configuration with seed ``SEED + STAGE_SEED_STEP * k``."""
+
+
+def sequence_name(sequence: tuple[Path, ...]) -> str:
+    """A run's configuration name: its stages' file stems joined by '+' (one stem for a single stage)."""
+    return "+".join(path.stem for path in sequence)
+
+
 def command(*args: str) -> list[str]:
     return [sys.executable, "-m", "env_engineer", *args]
 
@@ -86,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "budget is its train section)")
     parser.add_argument("--start", type=Path, required=True, help="the starting LoRA adapter every run continues from")
     parser.add_argument("--configs", nargs="+", required=True,
-                        help="environment configuration YAMLs (globs allowed); the first is the reference")
+                        help="environment configuration YAMLs (globs allowed), or sequences of them joined by '+' "
+                        "(a.yaml+b.yaml+c.yaml: three stages, each from the one before); the first is the reference")
     parser.add_argument("--heldout", type=Path, action="append", required=True,
                         help="held-out instances Parquet (repeatable); reported per file")
     parser.add_argument("--seeds", default="0", help="comma-separated seeds; each sets the configuration's seed and "
@@ -144,8 +156,13 @@ def run_merge(args: argparse.Namespace) -> int:
 
 def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    configs = [Path(p) for pattern in args.configs for p in (sorted(glob.glob(pattern)) or [pattern])]
-    for path in [*configs, *args.heldout, args.params, args.start]:
+    configs: list[tuple[Path, ...]] = []  # each a sequence of stage configurations
+    for pattern in args.configs:
+        if "+" in pattern:
+            configs.append(tuple(Path(p) for p in pattern.split("+")))
+        else:
+            configs.extend((Path(p),) for p in sorted(glob.glob(pattern)) or [pattern])
+    for path in [*(c for seq in configs for c in seq), *args.heldout, args.params, args.start]:
         if not path.exists():
             print(f"error: {path} does not exist", file=sys.stderr)
             return 2
@@ -184,9 +201,33 @@ def run(args: argparse.Namespace) -> int:
     plan = [(config, seed) for seed in seeds for config in configs]
     skipped: list[str] = []
     lock = threading.Lock()
+    stage_locks: dict[str, threading.Lock] = {}
 
-    def one(config: Path, seed: int) -> None:
-        name = f"{config.stem}/s{seed}"
+    def train_stage(sequence: tuple[Path, ...], seed: int, init: Path) -> Path:
+        """The last stage of ``sequence`` (its earlier stages trained already, the last from ``init``): its folder's
+        adapter, trained once however many sequences begin with these stages."""
+        name = f"{sequence_name(sequence)}/s{seed}"
+        with lock:
+            stage_lock = stage_locks.setdefault(name, threading.Lock())
+        folder = work / name
+        with stage_lock:
+            folder.mkdir(parents=True, exist_ok=True)
+            env = yaml.safe_load(sequence[-1].read_text())
+            env["seed"] = seed + STAGE_SEED_STEP * (len(sequence) - 1)
+            (folder / "config.yaml").write_text(yaml.safe_dump(env, sort_keys=False))
+            instances = folder / "instances.parquet"
+            run_once(command("generate-instances", "--config", str(folder / "config.yaml"), "--out", str(instances),
+                             *excludes), instances, folder / "log.txt")
+            adapter = folder / "adapter"
+            run_once(command("train", "--params", str(args.params), *overrides, "--set", f"train.seed={seed}",
+                             "--instances", str(instances), "--init-adapter", str(init), "--out-adapter",
+                             str(adapter), "--out-completions", str(folder / "train_completions.parquet"),
+                             "--out-metrics", str(folder / "train_metrics.json"), "--out-details",
+                             str(folder / "train_details.json")), adapter, folder / "log.txt")
+        return adapter
+
+    def one(sequence: tuple[Path, ...], seed: int) -> None:
+        name = f"{sequence_name(sequence)}/s{seed}"
         folder = work / name
         if (folder / "heldout-trajectories.parquet").exists():  # finished earlier
             with lock:
@@ -196,25 +237,15 @@ def run(args: argparse.Namespace) -> int:
             with lock:
                 skipped.append(name)
             return
-        folder.mkdir(parents=True, exist_ok=True)
-        env = yaml.safe_load(config.read_text())
-        env["seed"] = seed
-        (folder / "config.yaml").write_text(yaml.safe_dump(env, sort_keys=False))
-        instances = folder / "instances.parquet"
-        run_once(command("generate-instances", "--config", str(folder / "config.yaml"), "--out", str(instances),
-                         *excludes), instances, folder / "log.txt")
-        adapter = folder / "adapter"
-        run_once(command("train", "--params", str(args.params), *overrides, "--set", f"train.seed={seed}",
-                         "--instances", str(instances), "--init-adapter", str(args.start), "--out-adapter",
-                         str(adapter), "--out-completions", str(folder / "train_completions.parquet"),
-                         "--out-metrics", str(folder / "train_metrics.json"), "--out-details",
-                         str(folder / "train_details.json")), adapter, folder / "log.txt")
+        adapter = args.start
+        for k in range(len(sequence)):
+            adapter = train_stage(sequence[:k + 1], seed, adapter)
         trajectories = score(name, adapter)
         with lock:
             runs[name] = trajectories
         print(f"{name}: trained and scored ({time.monotonic() - started:.0f} s)", flush=True)
 
-    tasks = [("start", start_run), *((f"{c.stem}/s{s}", functools.partial(one, c, s)) for c, s in plan)]
+    tasks = [("start", start_run), *((f"{sequence_name(c)}/s{s}", functools.partial(one, c, s)) for c, s in plan)]
     failed: list[tuple[str, Any, str]] = []  # (run, its task, error)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for (name, task), future in [(t, pool.submit(t[1])) for t in tasks]:
@@ -238,18 +269,20 @@ def run(args: argparse.Namespace) -> int:
                 failed.append((name, task, str(e)))
                 print(f"error: {e}", file=sys.stderr, flush=True)
     failures = [f"{name}: {error}" for name, _, error in failed]
-    runs = {name: runs[name] for name in ["start", *(f"{c.stem}/s{s}" for c in configs for s in seeds)] if name in runs}
+    runs = {name: runs[name] for name in ["start", *(f"{sequence_name(c)}/s{s}" for c in configs for s in seeds)]
+            if name in runs}
     if skipped:
         print(f"budget of {args.budget_s:.0f} s spent: {len(skipped)} run(s) not started ({', '.join(skipped)})")
     if "start" not in runs:
         print("error: the starting adapter was not scored; nothing to compare against", file=sys.stderr)
         return 1
     table = {name: scored(path) for name, path in runs.items()}  # every run's held-out outcomes, read once
-    summary = summarise_rows(table, origin, configs[0].stem, "start")
+    summary = summarise_rows(table, origin, sequence_name(configs[0]), "start")
     write_outcomes(table, origin, outcomes_path(args.out))
     summary["not_run"] = skipped
     summary["failed"] = failures
-    summary["settings"] = {"params": str(args.params), "start": str(args.start), "configs": [str(c) for c in configs],
+    summary["settings"] = {"params": str(args.params), "start": str(args.start),
+                           "configs": ["+".join(map(str, c)) for c in configs],
                            "heldout": [str(h) for h in args.heldout], "seeds": seeds, "set": args.set,
                            "seconds": round(time.monotonic() - started, 1)}
     atomic_write_text(args.out, json.dumps(summary, indent=2))

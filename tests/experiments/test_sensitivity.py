@@ -299,3 +299,46 @@ def test_a_failed_run_is_tried_again_alone_and_a_lasting_failure_is_reported(tmp
     assert summary["failed"][0].startswith("b/s0: `env_engineer train")
     assert main([*base, "--retries", "-1", "--work", str(tmp_path / "w3"), "--out", str(tmp_path / "s3.json")]) == 2
     assert "--retries -1" in capsys.readouterr().err
+
+
+def test_a_sequence_of_stages_trains_each_from_the_last_and_shares_the_stages_it_begins_with(tmp_path, monkeypatch):
+    """`a.yaml+b.yaml` is two stages: b trains from a's adapter on b's configuration drawn with seed SEED + 1000; the
+    stage `a/s0` that the sequence and the single `a` begin with is trained once; only the runs given are scored."""
+    import experiments.sensitivity as sensitivity
+
+    calls: list[tuple[str, str, list[str]]] = []
+
+    def fake_run_once(cmd, done, log):
+        if done.exists():
+            return
+        done.parent.mkdir(parents=True, exist_ok=True)
+        calls.append((f"{done.parent.parent.name}/{done.parent.name}", cmd[3], cmd))
+        if cmd[3] == "rollout":
+            trajectories(done, [True] * 10)
+        elif cmd[3] == "train":
+            done.mkdir()
+        else:
+            done.write_bytes(b"")
+
+    monkeypatch.setattr(sensitivity, "run_once", fake_run_once)
+    monkeypatch.setattr(sensitivity, "combine_heldout", lambda files, out: {f"h{i}": "heldout" for i in range(10)})
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": 0, "sizes": SIZES}))
+    (tmp_path / "start").mkdir()
+    params = write_params(tmp_path / "params.yaml", {})
+    sequence = f"{tmp_path / 'a.yaml'}+{tmp_path / 'b.yaml'}"
+    assert main(["sensitivity", "--params", str(params), "--start", str(tmp_path / "start"), "--configs", sequence,
+                 str(tmp_path / "a.yaml"), "--heldout", str(trajectories(tmp_path / "h.parquet", [True])), "--seeds",
+                 "2", "--jobs", "2", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "s.json")]) == 0
+    trained = [(where, cmd) for where, step, cmd in calls if step == "train"]
+    assert sorted(where for where, _ in trained) == ["a+b/s2", "a/s2"]  # a/s2 once, for both runs
+    second = dict(trained)["a+b/s2"]
+    assert second[second.index("--init-adapter") + 1] == str(tmp_path / "w" / "a" / "s2" / "adapter")
+    assert dict(trained)["a/s2"][dict(trained)["a/s2"].index("--init-adapter") + 1] == str(tmp_path / "start")
+    assert yaml.safe_load((tmp_path / "w" / "a+b" / "s2" / "config.yaml").read_text())["seed"] == 1002
+    assert yaml.safe_load((tmp_path / "w" / "a" / "s2" / "config.yaml").read_text())["seed"] == 2
+    scored_where = sorted(where for where, step, _ in calls if step == "rollout")
+    assert scored_where == ["a+b/s2", "a/s2", "w/start"]
+    summary = json.loads((tmp_path / "s.json").read_text())
+    assert list(summary["runs"]) == ["start", "a+b/s2", "a/s2"] and summary["vs_reference"]["a/s2"]
+    assert summary["settings"]["configs"][0] == sequence
