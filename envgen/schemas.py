@@ -237,7 +237,11 @@ TRAJECTORIES = Dataset("trajectories", "One row per answer of a model to an inst
     Column("completion", pa.string(), "The model's answer.", required=True),
     Column("prompt_tokens", pa.int32(), "Prompt length in tokens (as the backend counted it)."),
     Column("completion_tokens", pa.int32(), "Completion length in tokens.", lo=0),
-    Column("finish_reason", pa.string(), "'stop' (stop string or end of sequence) or 'length' (hit max_new_tokens)."),
+    Column("finish_reason", pa.string(), "'stop' (stop string or end of sequence) or 'length' (hit its token budget)."),
+    Column("token_budget", pa.int32(), "The answer's length cap in tokens (rollout.max_new_tokens: its own, or one for "
+           "all).", required=True, lo=1),
+    Column("optimal_tokens", pa.int32(), "Tokens of the instance's solver-optimal answer in the answer format: no "
+           "budget may be below it.", required=True, lo=1),
     Column("parsed", pa.bool_(), "Whether the answer could be read as a plan.", required=True),
     Column("parse_error", pa.string(), "Why not (envgen.parse.ParseError), else null.", values=_PARSE_ERRORS),
     Column("plan", pa.list_(pa.string()), "Parsed moves per agent, space-separated; null when unparsed."),
@@ -256,7 +260,7 @@ TRAJECTORIES = Dataset("trajectories", "One row per answer of a model to an inst
     Column("backend", pa.string(), "Generation backend."),
     Column("seed", pa.int64(), "Sampling seed of the batch that produced the answer.", required=True),
     Column("latency_s", pa.float32(), "Wall time of the generate call that produced the answer (shared by its batch)."),
-), meaning=(HASH_MATCHES, OUTCOME_CONSISTENT, REWARD_IN_RANGE))
+), pairs=(PairRule("token_budget", "ge", "optimal_tokens"),), meaning=(HASH_MATCHES, OUTCOME_CONSISTENT, REWARD_IN_RANGE))
 
 COMPLETIONS = Dataset("completions", "Every GRPO completion of a training stage with its reward (empty without GRPO).", (
     Column("step", pa.int32(), "The trainer's step that sampled the completion.", required=True, lo=0),

@@ -72,11 +72,17 @@ class BenchmarkSettings(_Section):
         description="Per agent count, its map sizes (paper: 3 agents on 3..10, 4 on 4..10, 5 on 5..10).")
 
 
+TokenBudget = Annotated[int, Field(ge=1)] | Literal["auto"]
+"""An answer length cap in tokens, or 'auto': each instance its own (``rollout.budget_margin``)."""
+
+
 class EvaluateSettings(_Section):
     """The benchmark evaluation after each stage (``evaluate`` section): a greedy rollout with the ``rollout`` section's
     settings, except these."""
 
-    max_new_tokens: int = Field(128, ge=1, description="Answer length cap on the benchmark (more agents need longer answers).")
+    max_new_tokens: TokenBudget = Field(
+        "auto", description="Answer length budget on the benchmark, as rollout.max_new_tokens: 'auto' (each instance "
+        "its own, above its optimal answer's length) or one cap in tokens.")
 
 
 class PolicySettings(_Section):
@@ -291,7 +297,13 @@ class RolloutSettings(_Section):
     backend: BackendName = Field("transformers", description="Generation backend: 'transformers' (CPU or GPU), 'vllm' "
                                  "(GPU, optional extra) or 'openai' (an OpenAI-compatible endpoint).")
     samples: int = Field(1, ge=1, le=1024, description="Answers per instance (GRPO's group size G when sampling).")
-    max_new_tokens: int = Field(96, ge=1, description="Answer length cap in tokens.")
+    max_new_tokens: TokenBudget = Field(
+        "auto", description="Answer length budget in tokens: 'auto' gives each instance its own, its solver-optimal "
+        "answer's length times 1 + budget_margin, plus 8 (an answer as good as the solver's is never cut); a number is "
+        "one cap for every answer (the trajectories check then fails where it is below an optimal answer's length).")
+    budget_margin: float = Field(
+        0.5, ge=0, le=10, description="With max_new_tokens 'auto': how much longer than the optimal answer an answer "
+        "may run, as a share of it (0.5: half as long again).")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
     seed: int = Field(0, ge=0, description="Sampling seed (batch k of a call uses seed + k).")
@@ -414,6 +426,12 @@ class Params(_Section):
         if self.train.init == "start" and self.start.model != self.policy.model:
             problems.append(f"train.init is 'start' but the starting policy is for start.model = {self.start.model!r}, "
                             f"not policy.model = {self.policy.model!r}; set train.init: fresh, or use that model")
+        if self.policy.prompt.think:
+            for name, value in (("rollout", self.rollout.max_new_tokens), ("evaluate", self.evaluate.max_new_tokens)):
+                if value == "auto":
+                    problems.append(f"{name}.max_new_tokens is 'auto' but policy.prompt.think is true: an automatic "
+                                    "budget counts the plan alone and would cut the reasoning before it; set "
+                                    f"{name}.max_new_tokens to a number of tokens")
         if problems:
             raise ValueError("\n".join(problems))
         return self

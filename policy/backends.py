@@ -12,6 +12,7 @@ Registry :data:`BACKENDS`:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -91,7 +92,21 @@ class Backend(Protocol):
     adapter_hash: str | None
 
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]: ...
+                 on_progress: Callable[[int], None] | None = None,
+                 budgets: Sequence[int] | None = None) -> list[list[Generation]]: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+
+def check_budgets(budgets: Sequence[int] | None, conversations: Sequence[Conversation]) -> None:
+    """``budgets``, when given, holds one answer length cap (at least 1 token) per conversation; it then replaces
+    ``SamplingParams.max_new_tokens`` for each of them."""
+    if budgets is None:
+        return
+    if len(budgets) != len(conversations):
+        raise ValueError(f"{len(budgets)} token budgets for {len(conversations)} conversations: give one each")
+    if any(not isinstance(b, int) or b < 1 for b in budgets):
+        raise ValueError("every token budget must be a whole number of at least 1")
 
 
 def forget_compiled(model: Any) -> None:
@@ -280,9 +295,18 @@ class TransformersBackend:
         """How many tokens ``conversation``'s prompt takes (chat template applied)."""
         return len(self.loaded.tokenizer(self.prompt_text(conversation), add_special_tokens=False)["input_ids"])
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as an answer (no special tokens added)."""
+        return len(self.loaded.tokenizer(text, add_special_tokens=False)["input_ids"])
+
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None, cancel: Any = None) -> list[list[Generation]]:
-        """``n`` completions per conversation. ``cancel`` (a ``threading.Event``) stops generation early once set."""
+                 on_progress: Callable[[int], None] | None = None, cancel: Any = None,
+                 budgets: Sequence[int] | None = None) -> list[list[Generation]]:
+        """``n`` completions per conversation. ``cancel`` (a ``threading.Event``) stops generation early once set.
+        ``budgets``: each conversation's own answer length cap (:func:`check_budgets`); a batch decodes up to the
+        largest of its batch (with the static cache, of the call: one shape for the whole call) and each answer is cut
+        at its own, where it would have stopped."""
+        check_budgets(budgets, conversations)
         tok = self.loaded.tokenizer
         out: list[list[Generation]] = []
         texts_all = [self.prompt_text(c) for c in conversations]
@@ -298,16 +322,21 @@ class TransformersBackend:
             enc = self.encode(texts, width)
             seed = params.seed + k
             grammar = self._logits_processor(params.json_schema)
-            new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, params, seed, grammar, cancel)
+            caps = params
+            if budgets is not None:
+                caps = dataclasses.replace(params, max_new_tokens=max(
+                    budgets if self.static_cache else budgets[start : start + self.batch_size]))
+            new, latency = self.generate_ids(enc["input_ids"], enc["attention_mask"], n, caps, seed, grammar, cancel)
             prompt_lens = enc["attention_mask"].sum(dim=1).tolist()
             ends = {tok.pad_token_id, tok.eos_token_id}
             for i in range(len(chunk)):
+                limit = params.max_new_tokens if budgets is None else budgets[start + i]
                 gens = []
                 for j in range(n):  # greedy decoding makes one sequence per prompt: its n samples are copies
-                    row = new[i * n + j if sample else i].tolist()
+                    row = new[i * n + j if sample else i].tolist()[:limit]
                     count = next((t for t, token in enumerate(row) if token in ends), len(row))
                     text, stopped = _cut_at_stop(tok.decode(row[:count], skip_special_tokens=True), params.stop)
-                    reason = "stop" if stopped or count < params.max_new_tokens else "length"
+                    reason = "stop" if stopped or count < limit else "length"
                     gens.append(Generation(text, int(prompt_lens[i]), count, reason, latency, seed, grammar is not None))
                 out.append(gens)
             if on_progress is not None:
@@ -387,13 +416,23 @@ class VLLMBackend:
         tokenizer = self.engine.get_tokenizer()
         return len(tokenizer.apply_chat_template(list(conversation), add_generation_prompt=True, tokenize=True))
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text`` as an answer (no special tokens added)."""
+        return len(self.engine.get_tokenizer()(text, add_special_tokens=False)["input_ids"])
+
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+                 on_progress: Callable[[int], None] | None = None,
+                 budgets: Sequence[int] | None = None) -> list[list[Generation]]:
+        """``n`` completions per conversation; ``budgets``: each conversation's own answer length cap
+        (:func:`check_budgets`), its request's ``max_tokens``."""
         # one seed per conversation, params.seed + i * n (its samples then take the next n - 1), so that no two
         # conversations share a noise stream; vLLM's sampler draws seeded requests' noise one request at a time,
         # which cost about 1% of Qwen3-4B's decode at batch 512 (docs/benchmarks.md)
+        check_budgets(budgets, conversations)
         seeds = [params.seed + i * n for i in range(len(conversations))]
-        sp = [self.sampling_params(n, params, seed) for seed in seeds]
+        caps = budgets if budgets is not None else [params.max_new_tokens] * len(conversations)
+        sp = [self.sampling_params(n, dataclasses.replace(params, max_new_tokens=cap), seed)
+              for seed, cap in zip(seeds, caps)]
         t0 = time.perf_counter()
         results = self.engine.chat([list(c) for c in conversations], sp, lora_request=self.lora_request(), use_tqdm=False)
         latency = time.perf_counter() - t0
@@ -497,15 +536,25 @@ class OpenAIBackend:
                     time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
         raise BackendError(self.scrub(f"{last} (gave up after {self.max_retries + 1} attempts)", 600))
 
+    def count_tokens(self, text: str) -> int:
+        """An upper bound on the tokens of ``text`` in any byte-level tokenizer: its UTF-8 bytes (the endpoint's
+        tokenizer is not known here, and no token is shorter than a byte)."""
+        return len(text.encode("utf-8"))
+
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None) -> list[list[Generation]]:
+                 on_progress: Callable[[int], None] | None = None,
+                 budgets: Sequence[int] | None = None) -> list[list[Generation]]:
+        """``n`` completions per conversation; ``budgets``: each conversation's own answer length cap
+        (:func:`check_budgets`), its requests' ``max_tokens``."""
+        check_budgets(budgets, conversations)
         out = []
         for i, conversation in enumerate(conversations):
             gens: list[Generation] = []
             while len(gens) < n:  # some endpoints return fewer choices than asked
                 seed = params.seed + i * n + len(gens)  # conversations apart, as the vllm backend seeds them
+                cap = params.max_new_tokens if budgets is None else budgets[i]
                 body = {"model": self.model_id, "messages": conversation, "n": n - len(gens),
-                        "max_tokens": params.max_new_tokens, "temperature": params.temperature, "top_p": params.top_p,
+                        "max_tokens": cap, "temperature": params.temperature, "top_p": params.top_p,
                         "seed": seed, **self.extra_body}
                 if params.stop:
                     body["stop"] = list(params.stop)

@@ -50,12 +50,19 @@ def evaluate(benchmark: Path, trajectories: Path, training: list[Path], referenc
     rows = [{**r, "wait_subset": wait_of[r["content_hash"]]} for r in pq.read_table(trajectories).to_pylist()]
     table = cell_table(rows)
     checked = check_disjoint(benchmark, training)
+    cut = [r for r in rows if r.get("token_budget") is not None and r["token_budget"] < r["optimal_tokens"]]
+    if cut:
+        raise ValueError(f"{trajectories}: {len(cut)} answer(s) had a token budget below their optimal answer's length "
+                         f"(e.g. {cut[0]['token_budget']} < {cut[0]['optimal_tokens']}), which scores truncation, not "
+                         "planning; set rollout.max_new_tokens and evaluate.max_new_tokens to 'auto'")
     metrics = {"bench": {f"acc/{a}_agents": t["sum"]["acc"] for a, t in table.items()}
                | {f"opt/{a}_agents": t["sum"]["opt"] for a, t in table.items()}
                | {f"se/{a}_agents": sum_standard_error(t) for a, t in table.items()},
                "bench_size": {f"{a}_agents/{n}x{n}": cell["acc"] for a, t in table.items()
                               for n, cell in t["sizes"].items()},
-               "bench_table": table, "disjoint": {"training_instances_checked": checked, "overlap": 0}}
+               "bench_table": table, "disjoint": {"training_instances_checked": checked, "overlap": 0},
+               "budgets": {"answers": len(rows), "stopped_at_budget": sum(r.get("finish_reason") == "length" for r in rows),
+                           "optimal_above_budget": 0}}
     if reference is not None:
         metrics["reference"] = json.loads(Path(reference).read_text())
     return metrics
@@ -67,6 +74,10 @@ def tables(metrics: dict[str, Any]) -> str:
     for name, table in (metrics.get("reference") or {}).items():
         parts.append(render_table(table, f"Reference: {name}"))
     parts.append(f"Training instances checked for overlap with the benchmark: {metrics['disjoint']['training_instances_checked']}, overlap 0.")
+    budgets = metrics.get("budgets")
+    if budgets:
+        parts.append(f"Answers that stopped at their token budget: {budgets['stopped_at_budget']} of {budgets['answers']} "
+                     "(no budget below its instance's optimal answer).")
     return "\n\n".join(parts) + "\n"
 
 

@@ -1,6 +1,12 @@
 """Pipeline step ``rollout``: the policy (+ adapter) answers every instance of an instances Parquet G times; every answer
 is parsed, checked, rewarded and written to a trajectories Parquet (:data:`envgen.schemas.TRAJECTORIES`, atomically).
 
+Every answer has a token budget of its own (``rollout.max_new_tokens: auto``): its instance's solver-optimal answer,
+written in the prompt's answer format, counted in the model's tokens, times ``1 + rollout.budget_margin``, plus
+:data:`BUDGET_SLACK`; so an answer as good as the solver's is never cut, and a long board is not scored by a cap.
+Each row records its budget and the optimal answer's length (``token_budget``, ``optimal_tokens``); the trajectories
+check refuses a file where a budget is below its optimal answer (a fixed ``max_new_tokens`` that cuts optima).
+
 Settings: params.yaml's ``policy`` (model, prompt, reward: the policy is evaluated exactly as it is trained) and
 ``rollout`` sections (:class:`pipeline.params.RolloutSettings`); the benchmark evaluation runs this step with
 ``--set rollout.max_new_tokens=${evaluate.max_new_tokens}``. Imports no Prefect, DVC, polars or great-expectations
@@ -11,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from dataclasses import dataclass
@@ -22,7 +29,7 @@ import pyarrow.parquet as pq
 from envgen.dataset import read_instances, write_dataset
 from envgen.files import atomic_write_text
 from envgen.instance import Instance
-from envgen.prompt import build_messages
+from envgen.prompt import PromptStyle, build_messages, format_answer
 from envgen.reward import score_completion
 from envgen.schemas import TRAJECTORIES
 from pipeline.params import ParamsError, PolicySettings, RolloutSettings, add_params_arguments, load_params
@@ -41,6 +48,33 @@ def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: 
         options.update(gpu_memory_utilization=settings.vllm_gpu_memory, seed=settings.seed,
                        kv_cache_gib=settings.vllm_kv_cache_gib)
     return options
+
+
+BUDGET_SLACK = 8
+"""Tokens every automatic budget gets beyond ``optimal answer x (1 + budget_margin)`` (the answer's closing tag and
+end of sequence, on a short board)."""
+
+
+def token_budget(optimal_tokens: int, margin: float) -> int:
+    """An answer's token budget from its optimal answer's length: ``ceil(optimal_tokens * (1 + margin)) + BUDGET_SLACK``.
+
+    >>> token_budget(100, 0.5), token_budget(41, 0.0)
+    (158, 49)
+    """
+    return math.ceil(optimal_tokens * (1 + margin)) + BUDGET_SLACK
+
+
+def optimal_answer_tokens(rows: list[dict[str, Any]], instances: list[Instance], style: PromptStyle,
+                          count: Any, source: str | Path) -> list[int]:
+    """Per instance, the tokens (``count``: the backend's) of its solver-optimal plan written as the answer."""
+    out = []
+    for row, inst in zip(rows, instances):
+        plan = row.get("optimal_plan")
+        if not isinstance(plan, list):
+            raise ValueError(f"{source}: instance {row.get('instance_id')} has no optimal_plan, which sets its answer's "
+                             "token budget; regenerate the file, or set rollout.max_new_tokens to a number")
+        out.append(count(format_answer(inst, [line.split() for line in plan], style)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -75,14 +109,19 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
     load_seconds = time.perf_counter() - loading
     conversations = [build_messages(inst, policy.prompt) for inst in instances]
-    params = SamplingParams(max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+    optimal = optimal_answer_tokens(rows_in, instances, policy.prompt, backend.count_tokens, instances_path)
+    fixed = settings.max_new_tokens != "auto"
+    budgets = [settings.max_new_tokens if fixed else token_budget(t, settings.budget_margin) for t in optimal]
+    params = SamplingParams(max_new_tokens=max(budgets, default=1), temperature=settings.temperature,
                             top_p=settings.top_p, seed=settings.seed)
     start = time.perf_counter()
     with Progress(len(conversations), "rollout", "instances", progress) as bar:
-        generations = backend.generate(conversations, settings.samples, params, on_progress=bar.update)
+        generations = backend.generate(conversations, settings.samples, params, on_progress=bar.update,
+                                       budgets=budgets)
     seconds = time.perf_counter() - start
     rows = []
-    for row, inst, conv, gens in zip(rows_in, instances, conversations, generations):
+    for row, inst, conv, gens, budget, optimal_tokens in zip(rows_in, instances, conversations, generations, budgets,
+                                                             optimal):
         prompt = json.dumps(conv)
         for j, g in enumerate(gens):
             s = score_completion(inst, g.text, row["optimal_soc"], policy.reward)
@@ -91,6 +130,7 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
                 "stage": stage, "sample_index": j, "size": row["size"], "num_agents": row["num_agents"],
                 "needs_wait": row["needs_wait"], "instance": row["instance"], "prompt": prompt, "completion": g.text,
                 "prompt_tokens": g.prompt_tokens, "completion_tokens": g.completion_tokens, "finish_reason": g.finish_reason,
+                "token_budget": budget, "optimal_tokens": optimal_tokens,
                 "parsed": s.parsed, "parse_error": s.parse_error, "plan": s.plan, "valid": s.valid, "optimal": s.optimal,
                 "failure_category": s.failure, "failure_agent": s.failure_agent, "failure_step": s.failure_step,
                 "soc": s.soc, "makespan": s.makespan, "optimal_soc": row["optimal_soc"], "reward": s.reward,

@@ -90,12 +90,15 @@ def test_trajectories_must_be_consistent_and_rewarded_within_their_recorded_conf
         rows.append({"instance_id": r["instance_id"], "content_hash": r["content_hash"], "instance": r["instance"],
                      "stage": 0, "sample_index": 0, "completion": "x", "parsed": False, "parse_error": "empty",
                      "valid": False, "optimal": False, "optimal_soc": r["optimal_soc"], "reward": 0.0, "model_id": "m",
-                     "seed": 0, "completion_tokens": 1})
+                     "seed": 0, "completion_tokens": 1, "token_budget": 60, "optimal_tokens": 40})
     record = {"policy": {"reward": {"optimal": 1.0, "valid": 0.5, "scale_valid": True, "invalid": 0.1, "progress": 0.0,
                                     "unparseable": 0.0}}}
     table = pa.Table.from_pylist(rows, schema=TRAJECTORIES.schema).replace_schema_metadata({"rollout": json.dumps(record)})
     pq.write_table(table, tmp_path / "t.parquet")
     assert validate_file(tmp_path / "t.parquet", "trajectories") == len(rows)
+    cut = rewrite(table, tmp_path / "cut.parquet", token_budget=[39] + [60] * (len(rows) - 1))  # a cap below an optimum
+    with pytest.raises(DataValidationError, match="token_budget"):
+        validate_file(cut, "trajectories")
     five = rewrite(table, tmp_path / "five.parquet", reward=[5.0] * len(rows))  # within [-10, 10], not within [0, 1]
     with pytest.raises(DataValidationError, match="rule:reward_within_configuration"):
         validate_file(five, "trajectories")

@@ -49,7 +49,8 @@ def test_dvc_exp_run_set_rewrites_only_the_value_it_sets(name, tmp_path):
 
 def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     params = load_params(ROOT / "params.yaml", ["train.trajectories=64", "policy.prompt.think=true", "env.sizes.3.hole_ratio=0.3",
-                                                "curriculum.1.prev=0", "engineer.trust_region={hole_ratio: 0.1}"])
+                                                "curriculum.1.prev=0", "engineer.trust_region={hole_ratio: 0.1}",
+                                                "rollout.max_new_tokens=512", "evaluate.max_new_tokens=1024"])
     assert params.train.trajectories == 64 and params.policy.prompt == PromptStyle(moves="letters", trace=True, think=True)
     assert params.env.sizes[3].hole_ratio == 0.3 and params.engineer.trust_region == {"hole_ratio": 0.1}
     assert load_params(ROOT / "params.yaml", {"train.seed": 3}).train.seed == 3  # a parsed mapping too
@@ -65,6 +66,8 @@ def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     (["engineer.trust_region={holes: 0.1}"], "unknown knob(s) ['holes']"),
     (["engineer.trust_region={hole_ratio: -1}"], "engineer.trust_region.hole_ratio = -1"),
     (["rollout.backend=openai"], "rollout.base_url"),
+    (["policy.prompt.think=true"], "rollout.max_new_tokens is 'auto' but policy.prompt.think is true"),
+    (["rollout.max_new_tokens=0"], "rollout.max_new_tokens"),
     (["engineer.engineer=api"], "engineer.base_url"),
     (["policy.reward.optimal=0.1"], "a worse answer must never earn more"),
     (["policy.prompt.view=picture"], "policy.prompt.view = 'picture'"),

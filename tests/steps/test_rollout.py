@@ -10,7 +10,7 @@ from envgen.generator import generate
 from envgen.schemas import TRAJECTORIES
 from pipeline.checks import DataValidationError, validate_file
 from pipeline.params import PolicySettings, RolloutSettings
-from steps.rollout import main, rollout
+from steps.rollout import main, rollout, token_budget
 
 from tests.helpers import tiny_params, write_params
 
@@ -26,7 +26,7 @@ def instances_file(tmp_path_factory):
 def test_rollout_writes_scored_trajectories_that_pass_validation(tiny_model_dir, instances_file, tmp_path):
     out = tmp_path / "traj.parquet"
     policy = PolicySettings(model=str(tiny_model_dir))
-    settings = RolloutSettings(samples=3, max_new_tokens=10, threads=1, seed=5, temperature=1.0)
+    settings = RolloutSettings(samples=3, threads=1, seed=5, temperature=1.0)  # each answer its own token budget
     summary = rollout(instances_file, out, policy, settings, stage=2, progress=False)
     table = pq.read_table(out)
     assert summary.rows == table.num_rows == 15
@@ -36,6 +36,10 @@ def test_rollout_writes_scored_trajectories_that_pass_validation(tiny_model_dir,
     assert {r["sample_index"] for r in rows} == {0, 1, 2} and {r["stage"] for r in rows} == {2}
     assert all(r["model_id"] == str(tiny_model_dir) and r["backend"] == "transformers" for r in rows)
     assert all((r["parse_error"] is None) == r["parsed"] for r in rows)
+    # the budget comes from the instance: its optimal answer in the model's tokens, half as long again, plus 8
+    assert all(r["token_budget"] == token_budget(r["optimal_tokens"], 0.5) and r["optimal_tokens"] > 10 for r in rows)
+    assert len({r["token_budget"] for r in rows}) > 1 and all(r["completion_tokens"] <= r["token_budget"] for r in rows)
+    assert all(r["finish_reason"] == "stop" or r["completion_tokens"] == r["token_budget"] for r in rows)
     record = json.loads(table.schema.metadata[b"rollout"])  # the file says how it was made
     assert record["rollout"]["samples"] == 3 and record["policy"]["model"] == str(tiny_model_dir) and record["stage"] == 2
     assert validate_file(out, "trajectories") == 15
@@ -44,6 +48,12 @@ def test_rollout_writes_scored_trajectories_that_pass_validation(tiny_model_dir,
     pq.write_table(broken, bad)
     with pytest.raises(DataValidationError, match="reward"):
         validate_file(bad, "trajectories")
+    # one cap for every answer, below the optimal answers: the check refuses the file
+    capped = rollout(instances_file, tmp_path / "capped.parquet", policy, RolloutSettings(max_new_tokens=10, threads=1),
+                     limit=2, progress=False)
+    assert set(pq.read_table(capped.out).column("token_budget").to_pylist()) == {10}
+    with pytest.raises(DataValidationError, match="token_budget"):
+        validate_file(capped.out, "trajectories")
 
 
 def test_rollout_command_reads_params_and_overrides(tiny_model_dir, instances_file, tmp_path, capsys):

@@ -26,7 +26,7 @@ def files(tmp_path_factory):
         base = {"instance_id": r["instance_id"], "content_hash": r["content_hash"], "instance_index": r["index"], "stage": 1,
                 "sample_index": 0, "size": r["size"], "num_agents": r["num_agents"], "needs_wait": r["needs_wait"],
                 "instance": r["instance"], "prompt": "[]", "completion": "Agent 1: U", "prompt_tokens": 10,
-                "completion_tokens": 5, "finish_reason": "stop", "parsed": True, "parse_error": None, "plan": ["U", "D"],
+                "completion_tokens": 5, "finish_reason": "stop", "token_budget": 64, "optimal_tokens": 30, "parsed": True, "parse_error": None, "plan": ["U", "D"],
                 "valid": False, "optimal": False, "failure_category": None, "failure_agent": None, "failure_step": None,
                 "soc": None, "makespan": None, "optimal_soc": r["optimal_soc"], "reward": 0.1, "model_id": "m",
                 "adapter_hash": None, "backend": "transformers", "seed": 0, "latency_s": 0.1}
