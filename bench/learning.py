@@ -3,8 +3,8 @@
     python bench/learning.py --train TRAIN.parquet --eval small=A.parquet --eval large=B.parquet --out-dir OUT \
         [--params params.yaml] [--set train.sft_epochs=2 --set train.trajectories=8192 ...]
 
-Stages: (1) the warm start alone (the train step with ``train.grpo=false``), evaluated; (2) GRPO from that adapter
-(``train.sft=false``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params`` (with ``--settings
+Stages: (1) the warm start alone (the train step with ``train.recipe=distill``), evaluated; (2) GRPO from that adapter
+(``train.recipe=grpo``), evaluated. Settings: the ``policy`` and ``train`` sections of ``--params`` (with ``--settings
 start``: ``start.train`` and ``start.model``, the starting policy's), with ``--set``. Evaluation is greedy decoding of every held-out instance with the adapter merged,
 scored by the simulator; beside it the independent-shortest-path planner and the optimum on the same instances.
 Writes ``OUT/results.json`` (``results-grpo.json`` or ``results-sft.json`` when a stage is skipped), each stage's
@@ -112,7 +112,7 @@ def main() -> int:
                                   args.eval_cache)
     start_adapter = args.init_adapter
     if not args.skip_sft:
-        sft_cfg = cfg.model_copy(update={"grpo": False})
+        sft_cfg = cfg.model_copy(update={"recipe": "distill"})
         report["sft_metrics"] = train(args.train, out / "adapter-sft", out / "completions-sft.parquet", out / "metrics-sft.json",
                                       sft_cfg, policy, out_details=out / "details-sft.json",
                                       out_sft_history=out / "history-sft.json")
@@ -121,7 +121,7 @@ def main() -> int:
         (out / "results.json").write_text(json.dumps(report, indent=2, default=str))
         start_adapter = out / "adapter-sft"
     if not args.skip_grpo:
-        grpo_cfg = cfg.model_copy(update={"sft": False})
+        grpo_cfg = cfg.model_copy(update={"recipe": "grpo"})
         report["grpo_metrics"] = train(args.train, out / "adapter-grpo", out / "completions-grpo.parquet", out / "metrics-grpo.json",
                                        grpo_cfg, policy, init_adapter=start_adapter, out_details=out / "details-grpo.json",
                                        out_grpo_history=out / "history-grpo.json")

@@ -10,7 +10,7 @@ parallelism, each on 1 GPU and on N, in one run. A script, not a test.
 bfloat16 weights and the embedded model's tokenizer (its ids fit the larger vocabulary), so the project's own steps can
 load it as ``policy.model``: only speed is measured, never quality.
 
-``train`` runs ``env-engineer train`` (warm start only: ``train.grpo=false``) on the same demonstrations once per GPU
+``train`` runs ``env-engineer train`` (warm start only: ``train.recipe=distill``) on the same demonstrations once per GPU
 count, through ``accelerate launch --multi_gpu --num_processes N`` (plain ``python -m`` for 1), with the global batch
 fixed (``--batch`` examples per optimizer step, ``--micro`` per process and pass): N processes take N times fewer
 accumulation passes. It reads the step's own metrics: tokens seen (non-padding, every process) per second of training,
@@ -126,7 +126,7 @@ def train_command(gpus: int, model: str, instances: Path, work: Path, params: Pa
     else:
         launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(gpus),
                     "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "-m"]
-    sets = {"policy.model": model, "train.init": "fresh", "train.grpo": "false", "train.sft": "true", "train.sft_max_examples": examples,
+    sets = {"policy.model": model, "train.init": "fresh", "train.recipe": "distill", "train.sft_max_examples": examples,
             "train.sft_batch_size": batch, "train.sft_micro_batch_size": micro, "train.sft_epochs": 1.0}
     out = work / f"gpus{gpus}"
     return [*launcher, "env_engineer", "train", "--params", str(params), "--no-progress", "--instances", str(instances),

@@ -1,7 +1,11 @@
 """Engineers without a language model: ``fixed`` (keeps the configuration), ``random`` (the paper's random-configuration
-baseline) and ``heuristic`` (a competence-frontier curriculum)."""
+baseline), ``heuristic`` (a competence-frontier curriculum) and ``oracle`` (replays a given sequence of
+configurations: an upper bound from a sensitivity study, never an engineer)."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from engineers.proposal import EngineerInput, Proposal
 
@@ -63,3 +67,23 @@ class HeuristicEngineer:
                 notes.append(f"{n}x{n} easier (valid {v:.0%})")
             sizes[str(n)] = k
         return Proposal(sizes, "; ".join(notes) or "no size outside the 30-70% band")
+
+
+class OracleEngineer:
+    """Replays a sequence of configurations chosen in advance, ``replay[k]`` after stage ``k`` (the configuration of
+    stage ``k + 1``; the last one again after the sequence ends): the best hand-set sequence of a sensitivity study, so
+    a comparison shows the most an engineer could have gained. A size of the configuration that ``replay[k]`` leaves
+    out gets no budget. It reads nothing of the stage; it is an upper bound, not an engineer."""
+
+    name = "oracle"
+
+    def __init__(self, replay: Sequence[Mapping[Any, Any]]) -> None:
+        if not replay:
+            raise ValueError("engineer 'oracle' needs engineer.replay: the size knobs of each engineered stage, in order")
+        self.replay = list(replay)
+
+    def propose(self, inp: EngineerInput) -> Proposal:
+        k = min(inp.stage, len(self.replay) - 1)
+        given = {str(n): dict(knobs) for n, knobs in self.replay[k].items()}
+        sizes = {str(n): given.get(str(n), {"data_ratio": 0.0}) for n in inp.current.sizes} | given
+        return Proposal(sizes, f"oracle: replays engineer.replay[{k}] (an upper bound, not an engineer)")

@@ -11,6 +11,10 @@ configuration's map sizes (its buckets); no language model is involved.
   ``|v_k - v_(k-1)|``, the change of its validation valid rate between the last two stages that measured it; a size
   with fewer than two measurements gets the largest score seen (or 1), so it is tried. Shares proportional to
   ``score + epsilon``.
+- ``learnability``: Sampling For Learnability (Rutherford et al., NeurIPS 2024), the score online difficulty filtering
+  (Bae et al., 2025) and LILO give prompts in LLM RL: a size's score is ``p (1 - p)``, its validation valid rate's
+  Bernoulli variance, largest where half the answers are valid, 0 where none or all are; a size not measured yet gets
+  the largest possible score (0.25), so it is tried. Shares proportional to ``score + epsilon``; the other knobs stay.
 """
 
 from __future__ import annotations
@@ -111,3 +115,25 @@ class ALPEngineer:
         ranked = sorted(names, key=lambda n: -scores[n])[:3]
         return Proposal(sizes, "alp: most budget to " + ", ".join(
             f"{n}x{n} ({'progress %.2f' % progress[n] if n in progress else 'not yet measured twice'})" for n in ranked))
+
+
+class LearnabilityEngineer:
+    """The budget goes to the sizes whose validation valid rate p is nearest 50%: shares proportional to
+    ``p (1 - p) + epsilon`` (see the module docstring)."""
+
+    name = "learnability"
+
+    def __init__(self, epsilon: float = 0.01) -> None:
+        self.epsilon = epsilon
+
+    def propose(self, inp: EngineerInput) -> Proposal:
+        names = [str(n) for n in inp.current.sizes]
+        by_size = inp.summary.validation.by_size if inp.summary.validation is not None else {}
+        measured = {n: by_size[n].valid for n in names if n in by_size and by_size[n].n}
+        scores = {n: measured[n] * (1 - measured[n]) if n in measured else 0.25 for n in names}
+        total = sum(scores.values()) + self.epsilon * len(names)
+        sizes = {n: inp.current.sizes[int(n)].model_dump() | {"data_ratio": round((scores[n] + self.epsilon) / total, 4)}
+                 for n in names}
+        ranked = sorted(names, key=lambda n: -scores[n])[:3]
+        return Proposal(sizes, "learnability: most budget to " + ", ".join(
+            f"{n}x{n} ({'valid %.0f%%' % (100 * measured[n]) if n in measured else 'not measured yet'})" for n in ranked))

@@ -6,7 +6,10 @@ settings (:class:`EngineerBuild`).
 - ``base``: the same model without the adapter;
 - ``api``: any OpenAI-compatible endpoint (a proprietary model, or ``env-engineer serve``);
 - ``heuristic``, ``random``, ``fixed``: :mod:`engineers.baselines`;
-- ``plr``, ``alp``: level samplers from unsupervised environment design (:mod:`engineers.level_samplers`).
+- ``plr``, ``alp``, ``learnability``: level samplers from unsupervised environment design and LLM RL
+  (:mod:`engineers.level_samplers`);
+- ``oracle``: replays ``engineer.replay``, a sequence chosen in advance (:mod:`engineers.baselines`): an upper bound for
+  comparisons, never an engineer (:data:`UPPER_BOUNDS`).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
-from engineers.level_samplers import ALPEngineer, PLREngineer
+from engineers.baselines import FixedEngineer, HeuristicEngineer, OracleEngineer, RandomEngineer
+from engineers.level_samplers import ALPEngineer, LearnabilityEngineer, PLREngineer
 from engineers.llm import CONTEXTS, LLMEngineer
 from engineers.proposal import Engineer
 from pipeline.params import EngineerSettings, PolicySettings
@@ -75,8 +78,13 @@ ENGINEERS: dict[str, Callable[[EngineerBuild], Engineer]] = {
     "fixed": lambda build: FixedEngineer(),
     "plr": lambda build: PLREngineer(),
     "alp": lambda build: ALPEngineer(),
+    "learnability": lambda build: LearnabilityEngineer(),
+    "oracle": lambda build: OracleEngineer(build.settings.replay or ()),
 }
 """Every engineer's factory, by name."""
+
+UPPER_BOUNDS = frozenset({"oracle"})
+"""Registered names that are reference arms, not engineers: a comparison labels them as upper bounds."""
 
 
 def make_engineer(build: EngineerBuild) -> Engineer:

@@ -14,6 +14,7 @@ from types import ModuleType
 def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     """``name -> (help, module, arguments function, run function)`` for every subcommand."""
     from envgen import commands as testbed
+    from pipeline.params import ENGINEER_LINES
     from experiments import compare, report, sensitivity
     from flows import ready, workers
     from pipeline import checks
@@ -40,7 +41,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                      evaluate, *step),
         "summarize-failures": ("Summarise a stage: validation failures, environment statistics, training bookkeeping, history.",
                                summarize_failures, *step),
-        "engineer-config": ("Let an engineer (policy, base, api, heuristic, random, fixed) write the next configuration.",
+        "engineer-config": (f"Let an engineer ({', '.join(ENGINEER_LINES)}) write the next configuration.",
                             engineer_config, *step),
         "validate": ("Check a Parquet dataset against its great-expectations suite (exit 1 on failure).", checks, *step),
         # experiments

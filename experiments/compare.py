@@ -1,8 +1,8 @@
 """Engineer comparison through DVC experiments: equal budgets, several seeds, means with 95% confidence intervals.
 
-``env-engineer compare --engineers policy,base,heuristic,random,fixed,plr,alp --seeds 0,1,2 --run --jobs 2`` queues one DVC
-experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=... -S
-train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
+``env-engineer compare --engineers policy,base,heuristic,random,fixed,plr,alp,learnability --seeds 0,1,2 --run --jobs 2``
+queues one DVC experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=...
+-S train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
 the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. With ``--via prefect``
 each experiment is instead a run of the Prefect deployment of the ``curriculum`` flow (``dvc exp run --temp -n NAME
 -S ...``), taken by whichever worker of the pool is free (``env-engineer workers --gpus 0,1``: one worker per GPU), so
@@ -62,6 +62,22 @@ def shared_stages(stages: list[StageFiles]) -> list[str]:
     (``engineer-config``, the first decision); DVC runs what they depend on with them."""
     first = next((s.item for s in stages if s.item is not None), None)
     return [s.name for s in stages if first is not None and s.item == first and s.step != "engineer-config"]
+
+
+def seed_free_stages(stages: list[StageFiles], keys: list[str] | tuple[str, ...]) -> list[str]:
+    """The stages outside the curriculum's ``foreach`` loops that read none of ``keys`` (the parameters the
+    experiments set: engineer and seeds) and depend on no stage that does: the same in every experiment (the starting
+    policy, the validation set, the benchmark). The comparison runs them once, in the workspace, before it queues
+    anything, so each experiment finds them done instead of running them again (the starting policy's outputs are in
+    git, which DVC's run-cache does not restore)."""
+    def reads(stage: StageFiles) -> bool:
+        return any(k == p or k.startswith(p + ".") or p.startswith(k + ".") for k in keys for p in stage.params_keys)
+
+    free: set[str] = set()
+    for s in stages:  # each after the stages it depends on
+        if s.item is None and not reads(s) and all(u in free for u in s.upstream):
+            free.add(s.name)
+    return [s.name for s in stages if s.name in free]
 
 
 def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset(),
@@ -552,11 +568,17 @@ def render(table: dict[str, Any]) -> str:
     every = sorted({k for arm in table.values() for k in arm["metrics"]})
     keys = [k for k in every if not k.startswith(("size/", "se/"))]
     lines = ["| engineer | seeds | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+    from engineers.registry import UPPER_BOUNDS
+
     for arm, row in table.items():
         cells = [_cell(row["metrics"].get(k)) for k in keys]
-        lines.append(f"| {arm} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
+        label = f"{arm} (upper bound)" if arm in UPPER_BOUNDS else arm
+        lines.append(f"| {label} | {len(row['seeds'])} | " + " | ".join(cells) + " |")
     lines.append("\nValues: percent, mean ± 95% t-interval half-width across seeds (last stage; acc/opt: benchmark "
                  "Sums per agent count, val: the two-agent validation set).")
+    if UPPER_BOUNDS & set(table):
+        lines.append("An upper bound replays a sequence of configurations chosen in advance (engineer.replay, e.g. the "
+                     "sensitivity study's best): the most an engineer could gain, not an engineer.")
     paired = {arm: row["vs_reference"] for arm, row in table.items() if row.get("vs_reference")}
     if paired:
         reference = next(iter(paired.values()))["reference"]
@@ -600,7 +622,8 @@ def render(table: dict[str, Any]) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed,plr,alp", help="comma-separated engineers")
+    parser.add_argument("--engineers", default="policy,base,heuristic,random,fixed,plr,alp,learnability",
+                        help="comma-separated engineers (oracle too, with engineer.replay set: an upper bound)")
     parser.add_argument("--contexts", default=None, help="compare these context variants of the policy engineer instead")
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (at least 3 for an interval)")
     parser.add_argument("--run", action="store_true", help="queue the experiments not yet there, run the queue and wait "
@@ -647,6 +670,11 @@ def run(args: argparse.Namespace) -> int:
         if args.run:
             done = {rec["name"] for rec in experiment_records(experiments_shown(args.repo))
                     if last_stage_result(rec, stages) is not None}
+            common = seed_free_stages(stages, sorted({k for item in plan for k in item["set"]} | set(extra)))
+            if common and len(done) < len(plan):
+                print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
+                      f"{', '.join(common)}", flush=True)
+                dvc(["repro", *common], args.repo)
             for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
                 began = time.monotonic()
                 print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)

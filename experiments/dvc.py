@@ -30,6 +30,10 @@ class StageFiles:
     outs: tuple[str, ...]
     metrics: tuple[str, ...]
     plots: tuple[str, ...]
+    params_keys: tuple[str, ...] = ()
+    """The ``params.yaml`` keys the stage reads (``train``, ``start.train``, ...)."""
+    upstream: tuple[str, ...] = ()
+    """The stages it depends on, directly."""
 
     @property
     def step(self) -> str:
@@ -128,13 +132,16 @@ def pipeline_stages(repo: str | Path) -> list[StageFiles]:
         files = {}
         for s in stages:
             params = tuple(d.def_path for d in s.deps if isinstance(d, ParamsDependency))
+            keys = tuple(k for d in s.deps if isinstance(d, ParamsDependency) and d.def_path == "params.yaml"
+                         for k in d.params)
             files[s.name] = StageFiles(
                 name=s.name,
                 deps=tuple(d.def_path for d in s.deps if not isinstance(d, ParamsDependency)),
                 params_files=params,
                 outs=tuple(o.def_path for o in s.outs if not o.metric and not o.plot),
                 metrics=tuple(o.def_path for o in s.outs if o.metric),
-                plots=tuple(o.def_path for o in s.outs if o.plot))
+                plots=tuple(o.def_path for o in s.outs if o.plot),
+                params_keys=keys, upstream=tuple(sorted(upstream[s.name])))
     order: list[str] = []
     done: set[str] = set()
     while len(order) < len(listed):

@@ -27,14 +27,29 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from envgen import safe_yaml
 
-from envgen.config import KNOBS, EnvConfig, format_validation_error
+from envgen.config import KNOBS, EnvConfig, SizeConfig, format_validation_error
 from envgen.generator import GENERATOR_VERSIONS
 from envgen.prompt import PromptStyle
 from envgen.reward import RewardConfig
 
 BackendName = Literal["transformers", "vllm", "openai"]
 """Generation backends (``policy.backends.BACKENDS``; a contract test keeps the two equal)."""
-EngineerName = Literal["policy", "base", "api", "heuristic", "random", "fixed", "plr", "alp"]
+ENGINEER_LINES: dict[str, str] = {
+    "policy": "the current checkpoint reads the stage summary and proposes (the paper's engineer)",
+    "base": "the same model without the stage's adapter",
+    "api": "an OpenAI-compatible endpoint (engineer.base_url)",
+    "heuristic": "a competence-frontier rule on each size's validation valid rate",
+    "random": "independent uniform draws (the paper's random-configuration baseline)",
+    "fixed": "keeps the configuration",
+    "plr": "prioritized level replay by regret (Jiang et al., 2021)",
+    "alp": "absolute learning progress (Portelas et al., 2019)",
+    "learnability": "budget by p(1 - p) of each size's validation valid rate (Rutherford et al., 2024)",
+    "oracle": "replays engineer.replay, chosen in advance: an upper bound, not an engineer",
+}
+"""Every engineer's name and what it does, in one line each: the settings, ``engineer-config --help`` and the
+comparison read them here; :data:`engineers.registry.ENGINEERS` builds each (a test checks both name the same)."""
+
+EngineerName = Literal[tuple(ENGINEER_LINES)]  # type: ignore[valid-type]
 """Engineers (``engineers.registry.ENGINEERS``; a contract test keeps the two equal)."""
 ContextName = Literal["failures", "guideline", "history-default", "history", "self-summary", "bookkeeping"]
 """What an LLM engineer sees (``engineers.llm.CONTEXTS``, the rows of the paper's context ablation)."""
@@ -98,14 +113,29 @@ class PolicySettings(_Section):
                                  description="Reward values (envgen.reward.RewardConfig).")
 
 
-class TrainSettings(_Section):
-    """The train step (``train`` section): a supervised warm start, then GRPO, on a LoRA adapter."""
+Recipe = Literal["grpo", "distill", "distill+grpo"]
+RECIPES: dict[str, str] = {
+    "grpo": "GRPO on the stage's instances, rewarded by the MAPF reward (the paper's recipe, for capable models)",
+    "distill": "a supervised pass over the stage's own instances' solver demonstrations (the sft_* settings)",
+    "distill+grpo": "the supervised pass, then GRPO",
+}
+"""What one stage of training does, by ``train.recipe``; every stage continues from the previous stage's adapter."""
 
+
+RENAMED_TRAIN_KEYS = {"sft": "recipe", "grpo": "recipe"}
+"""Keys of the train section that are gone, and the key that replaced each."""
+
+
+class TrainSettings(_Section):
+    """The train step (``train`` section): what a stage trains (``recipe``: solver distillation, GRPO, or both) on a
+    LoRA adapter."""
+
+    recipe: Recipe = Field("distill+grpo", description="What a stage trains: " + "; ".join(
+        f"'{k}', {v}" for k, v in RECIPES.items()) + ".")
     lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
-    sft: bool = Field(True, description="Run the supervised warm start on solver demonstrations before GRPO.")
     sft_epochs: float = Field(1.0, gt=0, description="Warm-start epochs over the stage's instances.")
     sft_learning_rate: float = Field(1e-3, gt=0, description="Warm-start learning rate.")
     sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
@@ -160,7 +190,6 @@ class TrainSettings(_Section):
         1, ge=1, description="Warm-start optimizer steps per log line (loss, gradient norm, learning rate, entropy, "
         "token accuracy; the loss history has one point per line). Reading them from a GPU makes the CPU wait for it, "
         "so between log lines the CPU can issue the next steps while the GPU runs the last ones; 1 logs every step.")
-    grpo: bool = Field(True, description="Run GRPO after the warm start.")
     trajectories: int = Field(4000, ge=1, description="GRPO budget: completions generated in the stage (paper: 4,000).")
     num_generations: int = Field(8, ge=2, description="GRPO group size G: completions per prompt.")
     prompts_per_step: int = Field(4, ge=1, description="Prompts per GRPO step (a step sees prompts_per_step * G completions).")
@@ -255,6 +284,27 @@ class TrainSettings(_Section):
         "costs compute).")
 
 
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            gone = [key for key in RENAMED_TRAIN_KEYS if key in data]
+            if gone:
+                raise ValueError(f"{' and '.join(gone)}: replaced by recipe ('distill' for the supervised pass alone, "
+                                 "'grpo' for GRPO alone, 'distill+grpo' for both); remove "
+                                 f"{' and '.join(gone)} and set recipe")
+        return data
+
+    @property
+    def distills(self) -> bool:
+        """Whether a stage runs the supervised pass over its solver demonstrations."""
+        return self.recipe in ("distill", "distill+grpo")
+
+    @property
+    def reinforces(self) -> bool:
+        """Whether a stage runs GRPO."""
+        return self.recipe in ("grpo", "distill+grpo")
+
     @model_validator(mode="after")
     def _decoder_graph(self) -> TrainSettings:
         if self.compile_mode == "decoder-graph" and self.compile_scope != "layers":
@@ -336,9 +386,8 @@ class EngineerSettings(_Section):
     """The engineer step (``engineer`` section): who writes the next stage's configuration, and how its proposal is
     bounded. LLM engineers use the ``policy`` section's model."""
 
-    engineer: EngineerName = Field("policy", description="Who proposes: policy (the current checkpoint), base (the base "
-                                   "model), api (an OpenAI-compatible endpoint), heuristic, random, fixed, or the level samplers plr "
-                                   "(prioritized level replay) and alp (absolute learning progress).")
+    engineer: EngineerName = Field("policy", description="Who proposes: " + "; ".join(
+        f"{name}, {line}" for name, line in ENGINEER_LINES.items()) + ".")
     context: ContextName = Field("bookkeeping", description="What the LLM engineers see (the paper's context ablation).")
     attempts: int = Field(3, ge=1, le=20, description="LLM attempts before the previous configuration is kept.")
     trust_region: dict[str, Annotated[float, Field(ge=0)]] | None = Field(
@@ -352,6 +401,9 @@ class EngineerSettings(_Section):
     api_key_env: str | None = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key "
                                     "(null, or a variable that is not set: no Authorization header, as for a local "
                                     "`env-engineer serve`).")
+    replay: list[dict[Annotated[int, Field(ge=3, le=16)], SizeConfig]] | None = Field(
+        None, description="oracle: the size knobs of each engineered stage in order (stage 1's first), e.g. the best "
+        "sequence of a sensitivity study; the last is kept once the list ends.")
     feasibility_check: bool = Field(True, description="Generate the proposed stage once (same seed as the next stage); "
                                     "sizes whose knobs cannot be generated go back to their previous values, with a note.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for local models.")
@@ -364,6 +416,9 @@ class EngineerSettings(_Section):
             raise ValueError(f"engineer.trust_region: unknown knob(s) {bad}; use {list(KNOBS)}")
         if self.engineer == "api" and not self.base_url:
             raise ValueError("engineer.engineer 'api' needs engineer.base_url (and api_model, api_key_env)")
+        if self.engineer == "oracle" and not self.replay:
+            raise ValueError("engineer.engineer 'oracle' needs engineer.replay: the size knobs of each engineered stage, "
+                             "e.g. the best sequence of a sensitivity study")
         return self
 
 
@@ -378,7 +433,7 @@ class StartSettings(_Section):
                        "train.init: start needs policy.model to be the same.")
     instances: list[EnvConfig] = Field(min_length=1, description="Environments of the demonstrations, generated one "
                                        "after another and pooled, content-hash distinct (e.g. two- and three-agent).")
-    train: TrainSettings = Field(description="The warm start's settings (grpo: false; the train section's fields).")
+    train: TrainSettings = Field(description="The warm start's settings (recipe: distill; the train section's fields).")
     generator_version: int = Field(1, ge=1, le=max(GENERATOR_VERSIONS), description="The generator version that draws the "
                                    "demonstrations (envgen.generator.GENERATOR_VERSIONS): 1, the version the kept starting "
                                    "policy was trained on, so the stage regenerates its file byte for byte; a later one "

@@ -70,6 +70,9 @@ def engineer_config(summary: Summary, current: EnvConfig, settings: EngineerSett
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from pipeline.params import ENGINEER_LINES
+
+    parser.epilog = "engineers (engineer.engineer): " + "; ".join(f"{k}: {v}" for k, v in ENGINEER_LINES.items()) + "."
     add_params_arguments(parser)
     parser.add_argument("--summary", type=Path, required=True, help="summary.json of the stage (summarize-failures)")
     parser.add_argument("--config", type=Path, required=True, help="the stage's environment configuration YAML")
@@ -78,7 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-log", type=Path, required=True, help="engineer_log.json to write")
     parser.add_argument("--adapter", default=None, help="the current checkpoint's adapter (policy engineer)")
     parser.add_argument("--exclude", type=Path, action="append", default=[], metavar="PARQUET",
-                        help="instances the next stage's generation excludes (for the feasibility check), e.g. validation")
+                        help="instances the next stage's generation excludes (for the feasibility check): the same as "
+                        "generate-instances' --exclude (validation and benchmark)")
 
 
 def run(args: argparse.Namespace) -> int:

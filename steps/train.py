@@ -1,7 +1,8 @@
-"""Pipeline step ``train``: an optional supervised warm start on solver demonstrations (TRL ``SFTTrainer``, whose
-per-pass metrics stay on the device until a log line: :func:`deferred_metrics_trainer`), then GRPO
-(TRL ``GRPOTrainer``, configured, not subclassed) with the MAPF reward, on a LoRA adapter (PEFT) that starts from the
-previous stage's adapter or fresh.
+"""Pipeline step ``train``: one stage's training, by ``train.recipe`` (:data:`pipeline.params.RECIPES`): a supervised
+pass over the stage's own instances' solver demonstrations ('distill'; TRL ``SFTTrainer``, whose per-pass metrics stay
+on the device until a log line: :func:`deferred_metrics_trainer`), GRPO with the MAPF reward ('grpo'; TRL
+``GRPOTrainer``, configured, not subclassed), or the first then the second ('distill+grpo'), on a LoRA adapter (PEFT)
+that continues the previous stage's adapter or starts fresh.
 
 Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
 the next stage reads it), every GRPO completion with its reward and failure category (Parquet,
@@ -861,10 +862,10 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
                                     seed=settings.seed)
         metrics: dict[str, Any] = {"model": policy.model, "init_adapter": str(init_adapter) if init_adapter else None,
                                    "device": device, "instances": len(rows), "processes": world_size()}
-        if settings.sft:
+        if settings.distills:
             metrics.update(warm_start(model, tok, rows, settings, policy.prompt, device, work, progress))
         completions: list[dict[str, Any]] = []
-        if settings.grpo:
+        if settings.reinforces:
             grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work, progress)
             metrics.update(grpo_metrics)
         if not main_process:  # the main process writes every output

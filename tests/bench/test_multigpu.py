@@ -29,7 +29,7 @@ def test_launch_command_for_several_gpus_is_accelerate_data_parallel(tmp_path):
     assert one[1:4] == ["-m", "env_engineer", "train"]
     assert two[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in two
     assert two[two.index("--num_processes") + 1] == "2" and two[two.index("env_engineer") - 1] == "-m"
-    assert "train.grpo=false" in two and "train.sft_batch_size=32" in two and two[-1] == "train.lora_r=8"
+    assert "train.recipe=distill" in two and "train.sft_batch_size=32" in two and two[-1] == "train.lora_r=8"
     assert str(tmp_path / "gpus2" / "metrics.json") in two
 
 

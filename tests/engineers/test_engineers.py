@@ -5,7 +5,7 @@ from dataclasses import astuple
 import pytest
 
 from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
-from engineers.level_samplers import ALPEngineer, PLREngineer, rank_weights
+from engineers.level_samplers import ALPEngineer, LearnabilityEngineer, PLREngineer, rank_weights
 from engineers.llm import CONTEXTS, LLMEngineer, extract_json
 from engineers.proposal import EngineerInput, Finalized, Proposal, finalize, to_number
 from engineers.registry import ENGINEERS, EngineerBuild, make_engineer
@@ -60,7 +60,8 @@ def test_every_registered_engineer_builds_and_proposes_a_valid_next_configuratio
     """The registry's contract: every factory builds from the settings (LLM engineers on a given backend) an engineer
     whose proposal, whatever it is, finalizes into a valid configuration of the same budget and agents."""
     answer = json.dumps({"rationale": "r", "sizes": {"3": {"hole_ratio": 0.3}}})
-    settings = EngineerSettings(engineer=name, base_url="http://127.0.0.1:9/v1", attempts=1)
+    settings = EngineerSettings(engineer=name, base_url="http://127.0.0.1:9/v1", attempts=1,
+                                replay=[{3: SizeConfig(data_ratio=0.5, hole_ratio=0.3)}])
     engineer = make_engineer(EngineerBuild(settings, PolicySettings(), adapter=None, backend=Scripted([answer])))
     assert engineer.name == name
     proposal = engineer.propose(inp())
@@ -85,7 +86,13 @@ def test_a_copied_placeholder_is_never_recorded_as_the_engineers_rationale(given
 def test_the_registries_and_the_settings_name_the_same_engineers_and_contexts():
     from typing import get_args
 
-    assert set(ENGINEERS) == set(get_args(EngineerName)) == {"policy", "base", "api", "heuristic", "random", "fixed", "plr", "alp"}
+    from env_engineer.cli import commands
+    from pipeline.params import ENGINEER_LINES
+
+    assert set(ENGINEERS) == set(get_args(EngineerName)) == set(ENGINEER_LINES) >= {
+        "policy", "base", "api", "heuristic", "random", "fixed", "plr", "alp", "learnability", "oracle"}
+    helps = commands()["engineer-config"][0] + EngineerSettings.model_fields["engineer"].description
+    assert all(helps.count(name) >= 2 for name in ENGINEERS)  # the command's help and the setting name every one
     assert set(CONTEXTS) == set(get_args(ContextName))
     with pytest.raises(ValueError, match="base_url"):
         make_engineer(EngineerBuild(EngineerSettings.model_construct(engineer="api", base_url=None), PolicySettings()))
@@ -116,6 +123,34 @@ def test_plr_replays_high_regret_sizes_and_stale_ones():
     stale = finalize(PLREngineer(rho=1.0).propose(inp()), CURRENT).config.data_shares()
     assert max(stale.values()) - min(stale.values()) < 1e-3
     assert_within_bounds(cfg)
+
+
+def test_learnability_budgets_by_the_valid_rates_bernoulli_variance():
+    """Shares proportional to p (1 - p) + 0.01: most where half the answers are valid, least where none or all are;
+    a size not measured yet counts as p = 0.5; the other knobs stay."""
+    cfg = finalize(LearnabilityEngineer().propose(inp({3: 0.9, 4: 0.5, 6: 0.1})), CURRENT).config  # 8x8 not measured
+    shares = cfg.data_shares()
+    assert shares[4] == pytest.approx(shares[8], abs=1e-3) and shares[3] == pytest.approx(shares[6], abs=1e-3)
+    assert shares[4] == pytest.approx((0.25 + 0.01) / (0.25 + 0.25 + 0.09 + 0.09 + 0.04), abs=1e-3)
+    assert all(cfg.sizes[n].hole_ratio == CURRENT.sizes[n].hole_ratio for n in cfg.sizes)
+    solved = finalize(LearnabilityEngineer().propose(inp({3: 1.0, 4: 0.0, 6: 0.5, 8: 0.5})), CURRENT).config.data_shares()
+    assert solved[3] == solved[4] < 0.05 < solved[6]  # nothing to learn where all or none are valid
+    assert LearnabilityEngineer().propose(inp({3: 0.9, 4: 0.5, 6: 0.1})).rationale.startswith(
+        "learnability: most budget to 4x4 (valid 50%), 8x8 (not measured yet)")
+
+
+def test_the_oracle_replays_its_sequence_and_says_it_is_an_upper_bound():
+    from engineers.baselines import OracleEngineer
+
+    first = {3: {"data_ratio": 1.0, "hole_ratio": 0.2}, 4: {"data_ratio": 0.0}}
+    second = {3: {"data_ratio": 0.5}, 4: {"data_ratio": 0.5}, 6: {"data_ratio": 0.0}, 8: {"data_ratio": 0.0}}
+    oracle = OracleEngineer([first, second])
+    assert finalize(oracle.propose(inp(stage=0)), CURRENT).config.data_shares()[3] == pytest.approx(1.0)
+    after = [finalize(oracle.propose(inp(stage=k)), CURRENT).config.data_shares() for k in (1, 2, 5)]
+    assert after[0] == after[1] == after[2] and after[0][4] == pytest.approx(0.5)  # the last one, once the list ends
+    assert "upper bound, not an engineer" in oracle.propose(inp(stage=0)).rationale
+    with pytest.raises(ValueError, match="engineer.replay"):
+        EngineerSettings(engineer="oracle")
 
 
 def test_alp_follows_absolute_learning_progress():

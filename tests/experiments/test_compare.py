@@ -74,6 +74,27 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
 
+def test_the_stages_no_experiment_changes_are_found_from_their_parameters_and_what_they_depend_on():
+    """Run once in the workspace before anything is queued: the stages outside the curriculum loops that read none of
+    the experiments' parameters (seeds, engineer) and depend on none that does."""
+    from experiments.compare import seed_free_stages
+
+    def s(name, keys, upstream=()):
+        return StageFiles(name=name, deps=(), params_files=("params.yaml",), outs=(), metrics=(), plots=(),
+                          params_keys=tuple(keys), upstream=tuple(upstream))
+
+    stages = [s("start-instances", ["start.instances"]), s("starting-policy", ["start.train", "policy.prompt"],
+                                                            ["start-instances"]),
+              s("validation-set", ["validation"]), s("benchmark", ["benchmark"], ["validation-set"]),
+              s("init-curriculum", ["env", "train.seed"], ["starting-policy"]), s("train@0", ["train"], ["init-curriculum"]),
+              s("after-init", [], ["init-curriculum"])]
+    keys = experiment_plan(["fixed"], [0])[0]["set"]
+    assert seed_free_stages(stages, list(keys)) == ["start-instances", "starting-policy", "validation-set", "benchmark"]
+    assert seed_free_stages(stages, ["validation.seed"]) == ["start-instances", "starting-policy", "init-curriculum",
+                                                             "after-init"]
+    assert seed_free_stages(stages, ["start"]) == ["validation-set", "benchmark"]  # a whole section counts
+
+
 def test_the_comparison_follows_every_engineer_across_stages_and_shows_the_environments_it_chose():
     """Per stage: the headline metrics' mean and interval across seeds, and the configuration each stage trained on
     (the generate-instances stage's params file), summarised; an experiment without its last stage does not count."""
@@ -150,8 +171,10 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert main(args) == 0 and json.loads(out_json.read_text()) == table  # collect only: the same table
     assert main(args + ["--set", "train.no_such_knob=1"]) == 2
     assert "train.no_such_knob" in capsys.readouterr().err
-    assert main(args[:3] + ["--engineers", "oracle"]) == 2
+    assert main(args[:3] + ["--engineers", "seer"]) == 2
     assert "unknown engineer" in capsys.readouterr().err
+    assert main(args[:3] + ["--engineers", "oracle"]) == 2  # an upper bound needs the sequence it replays
+    assert "engineer.replay" in capsys.readouterr().err
 
 
 def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):

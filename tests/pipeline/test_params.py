@@ -10,7 +10,7 @@ from pipeline.params import (SECTIONS, Params, ParamsError, apply_overrides, loa
 from tests.helpers import ROOT
 
 
-@pytest.mark.parametrize("preset", ["cpu", "gpu", "gpu-embedded"])
+@pytest.mark.parametrize("preset", ["cpu", "gpu", "gpu-embedded", "gpu-distill"])
 def test_every_preset_is_a_valid_params_file(preset):
     params = load_params(ROOT / "presets" / f"{preset}.yaml")
     assert isinstance(params, Params) and [s.stage for s in params.curriculum] == list(range(len(params.curriculum)))
@@ -28,7 +28,8 @@ def test_params_yaml_holds_the_cpu_presets_values():
     assert load_params(ROOT / "params.yaml") == load_params(ROOT / "presets" / "cpu.yaml")
 
 
-@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/gpu.yaml", "presets/gpu-embedded.yaml"])
+@pytest.mark.parametrize("name", ["params.yaml", "presets/cpu.yaml", "presets/gpu.yaml", "presets/gpu-embedded.yaml",
+                                  "presets/gpu-distill.yaml"])
 def test_dvc_exp_run_set_rewrites_only_the_value_it_sets(name, tmp_path):
     """`dvc exp run -S` rewrites the params file through DVC's own YAML writer: the files are laid out so that this
     rewrite keeps every byte (comments too) but the value set."""
@@ -62,11 +63,15 @@ def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     (["foo.bar=1"], "no section 'foo'"),
     (["train.lora_r=0"], "train.lora_r = 0: allowed range [1, 512]"),
     (["train.learning_rat=1e-5"], "train.learning_rat = 1e-05: unknown field"),
-    (["engineer.engineer=oracle"], "engineer.engineer = 'oracle'"),
+    (["engineer.engineer=seer"], "engineer.engineer = 'seer'"),
+    (["engineer.engineer=oracle"], "engineer.engineer 'oracle' needs engineer.replay"),
     (["engineer.trust_region={holes: 0.1}"], "unknown knob(s) ['holes']"),
     (["engineer.trust_region={hole_ratio: -1}"], "engineer.trust_region.hole_ratio = -1"),
     (["rollout.backend=openai"], "rollout.base_url"),
     (["policy.prompt.think=true"], "rollout.max_new_tokens is 'auto' but policy.prompt.think is true"),
+    (["train.sft=false"], "sft: replaced by recipe ('distill' for the supervised pass alone"),
+    (["start.train.grpo=true"], "grpo: replaced by recipe"),
+    (["train.recipe=sft"], "train.recipe = 'sft'"),
     (["rollout.max_new_tokens=0"], "rollout.max_new_tokens"),
     (["engineer.engineer=api"], "engineer.base_url"),
     (["policy.reward.optimal=0.1"], "a worse answer must never earn more"),

@@ -89,7 +89,7 @@ def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_
     assert sorted(p.name for p in out.iterdir()) == ["adapter", "completions.parquet", "details.json", "grpo.json",
                                                       "metrics.json", "sft.json"]  # no work dirs left
     second = tmp_path / "stage2"
-    more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", *tiny(tiny_model_dir, sft=False),
+    more = train(stage, second / "adapter", second / "c.parquet", second / "m.json", *tiny(tiny_model_dir, recipe="grpo"),
                  init_adapter=out / "adapter")
     assert more["init_adapter"] == str(out / "adapter") and "sft/examples" not in more
 
@@ -104,7 +104,7 @@ def test_a_crash_mid_step_leaves_the_previous_adapter_whole(tiny_model_dir, stag
 
     monkeypatch.setattr(train_mod, "grpo", crash)
     with pytest.raises(RuntimeError, match="killed"):
-        train(stage, out, tmp_path / "c.parquet", tmp_path / "m.json", *tiny(tiny_model_dir, sft=False))
+        train(stage, out, tmp_path / "c.parquet", tmp_path / "m.json", *tiny(tiny_model_dir, recipe="grpo"))
     assert (out / "adapter_config.json").read_text() == '{"previous": true}'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
 
@@ -176,7 +176,7 @@ def test_warm_start_loader_drops_the_short_batch_and_collates_in_workers(tiny_mo
     for name, over in (("plain", {}), ("drop", {"sft_drop_last": True}), ("worker", {"sft_loader_workers": 1})):
         out = tmp_path / name
         runs[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                           *tiny(tiny_model_dir, grpo=False, sft_batch_size=3, **over))
+                           *tiny(tiny_model_dir, recipe="distill", sft_batch_size=3, **over))
     assert {name: m["sft/steps"] for name, m in runs.items()} == {"plain": 3, "drop": 2, "worker": 3}
     # one pass per step, by input shape ("batch x width"): the short batch of 2 only without drop_last
     shapes = {name: m["sft/batch_shapes"] for name, m in runs.items()}
@@ -208,7 +208,7 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
     for name in ("a", "b"):
         out = tmp_path / name
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                        *tiny(tiny_model_dir, sft=False, grpo_generation="backend"))
+                        *tiny(tiny_model_dir, recipe="grpo", grpo_generation="backend"))
         assert metrics["train/generation"] == "backend" and metrics["train/trajectories"] == 8
         phases = metrics["train/phase_seconds"]  # the project's sampler is one phase of the GRPO profile
         assert phases["backend.generate"] > 0 and phases["backend.generate"] <= phases["_prepare_inputs"]
@@ -258,7 +258,7 @@ def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(t
     monkeypatch.setattr(train_module, "vllm_rollout", fake)
     out = tmp_path / "v"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                    *tiny(tiny_model_dir, sft=False, grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
+                    *tiny(tiny_model_dir, recipe="grpo", grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
     rollout, = made
     assert metrics["train/generation"] == "vllm-lora" and metrics["train/trajectories"] == 16
     assert rollout.engine is None and rollout.closed and rollout.cycles == 1  # 2 steps sampled in one call
@@ -291,7 +291,7 @@ def test_train_command_takes_params_and_overrides(tiny_model_dir, stage, tmp_pat
     out = tmp_path / "out"
     args = ["--params", str(params), "--instances", str(stage), "--out-adapter", str(out / "adapter"),
             "--out-completions", str(out / "c.parquet"), "--out-metrics", str(out / "m.json")]
-    assert main(args + ["--set", "train.grpo=false", "--set", "train.sft_max_examples=4"]) == 0
+    assert main(args + ["--set", "train.recipe=distill", "--set", "train.sft_max_examples=4"]) == 0
     assert json.loads((out / "m.json").read_text())["sft/examples"] == 4 and "train/steps" not in json.loads((out / "m.json").read_text())
     assert main(args + ["--set", "train.learning_rat=1"]) == 2
     assert "train.learning_rat" in capsys.readouterr().err
@@ -350,7 +350,7 @@ def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_mo
     steps_per_generation), the stage still trains its 2 steps on exactly the trajectory budget."""
     out = tmp_path / "k2"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                    *tiny(tiny_model_dir, sft=False, grpo_generation="backend", trajectories=16, generation_steps=2))
+                    *tiny(tiny_model_dir, recipe="grpo", grpo_generation="backend", trajectories=16, generation_steps=2))
     assert generate_calls == [16]  # 2 steps x 2 prompts x G=4 in one call
     assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
     assert len(pq.read_table(out / "c.parquet")) == 16
@@ -365,7 +365,7 @@ def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp
     for free in (False, True):
         out = tmp_path / str(free)
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                        *tiny(tiny_model_dir, grpo=False, sft_padding_free=free))
+                        *tiny(tiny_model_dir, recipe="distill", sft_padding_free=free))
         losses[free] = metrics["sft/loss_first"]
     assert losses[True] == pytest.approx(losses[False], rel=1e-4)
 
@@ -406,7 +406,7 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
         monkeypatch.setattr(train_mod, "deferred_metrics_trainer", capturing)
         out = tmp_path / name
         metrics[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, log_every=every,
+                              *tiny(tiny_model_dir, recipe="distill", sft_epochs=2, log_every=every,
                                     sft_micro_batch_size=micro, sft_padding_free=free),
                               out_sft_history=out / "history.json")
     passes = made["trl"].state.global_step * (4 // (micro or 4))  # sft_batch_size 4
@@ -453,7 +453,7 @@ def test_label_positions_by_index_train_what_the_mask_trains(tiny_model_dir, sta
     for selection in ("mask", "index"):
         out = tmp_path / selection
         train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-              *tiny(tiny_model_dir, grpo=False, sft_epochs=2, sft_micro_batch_size=micro, sft_padding_free=free,
+              *tiny(tiny_model_dir, recipe="distill", sft_epochs=2, sft_micro_batch_size=micro, sft_padding_free=free,
                     sft_label_selection=selection))
         lines[selection] = [h for h in made[-1].state.log_history if "loss" in h]
     assert len(lines["index"]) == len(lines["mask"]) == 4
@@ -485,7 +485,7 @@ def test_label_positions_by_index_run_under_the_trainers_autocast(tiny_model_dir
     for selection in ("mask", "index"):
         out = tmp_path / selection
         losses[selection] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                                  *tiny(tiny_model_dir, grpo=False, sft_label_selection=selection))["sft/loss_first"]
+                                  *tiny(tiny_model_dir, recipe="distill", sft_label_selection=selection))["sft/loss_first"]
     assert states and all(states)
     assert losses["index"] == pytest.approx(losses["mask"], rel=2e-2)
 
@@ -526,7 +526,7 @@ def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_di
                                                   "pad_to_multiple_of": 512})):
         out = tmp_path / name
         losses[name] = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                             *tiny(tiny_model_dir, grpo=False, **over))["sft/loss_first"]
+                             *tiny(tiny_model_dir, recipe="distill", **over))["sft/loss_first"]
     assert losses["varlen"] == pytest.approx(losses["padded"], rel=1e-4)
     # 2 steps of 4 demonstrations: 6 boundaries, rows a multiple of 512 wide (padding longer than a demonstration)
     assert calls and {(n, width % 512) for n, _, width in calls} == {(6, 0)} and len({m for _, m, _ in calls}) == 1
@@ -560,7 +560,7 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
                                   ("graph-index", "decoder-graph", "index")):
         out = tmp_path / name
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                        *tiny(tiny_model_dir, grpo=False, compile_mode=mode, sft_label_selection=selection, **free),
+                        *tiny(tiny_model_dir, recipe="distill", compile_mode=mode, sft_label_selection=selection, **free),
                         out_details=out / "d.json")
         losses[name] = metrics["sft/loss_first"], metrics["sft/loss_last"]
         details[name] = json.loads((out / "d.json").read_text())
@@ -582,7 +582,7 @@ def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage
     monkeypatch.setenv(train_step.PROFILE_ENV, str(tmp_path / "prof"))
     monkeypatch.setattr(train_step, "profile_callback", functools.partial(train_step.profile_callback, first=0, last=1))
     out = tmp_path / "run"
-    train(stage, out / "adapter", out / "c.parquet", out / "m.json", *tiny(tiny_model_dir, grpo=False))
+    train(stage, out / "adapter", out / "c.parquet", out / "m.json", *tiny(tiny_model_dir, recipe="distill"))
     summary = json.loads((tmp_path / "prof" / "sft-summary.json").read_text())
     assert summary["steps"] == 2 and summary["wall_s"] > 0 and summary["gpu_kernels_s"] == 0  # the CPU: no kernels
     assert "aten::" in (tmp_path / "prof" / "sft-ops.txt").read_text()
