@@ -406,7 +406,7 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 files = {path: (p or {}).get("data") or {} for path, p in (data.get("params") or {}).items()}
                 metrics = {path: (m or {}).get("data") or {} for path, m in (data.get("metrics") or {}).items()}
                 out.append({"name": rev.get("name") or exp.get("name"), "params": files.get("params.yaml") or {},
-                            "metrics": metrics, "param_files": files})
+                            "metrics": metrics, "param_files": files, "rev": rev.get("rev")})
     return out
 
 
@@ -425,10 +425,63 @@ def workspace_records(folder: Path, stages: list[StageFiles]) -> list[dict[str, 
         params = yaml.safe_load((ws / "params.yaml").read_text()) or {}
         metrics = {path: json.loads((ws / path).read_text()) for path in metric_paths if (ws / path).is_file()}
         files = {path: yaml.safe_load((ws / path).read_text()) or {} for path in param_paths if (ws / path).is_file()}
-        out.append({"name": ws.name, "params": params, "metrics": metrics, "param_files": {"params.yaml": params, **files}})
+        out.append({"name": ws.name, "params": params, "metrics": metrics, "param_files": {"params.yaml": params, **files},
+                    "folder": str(ws)})
     if not out:
         raise ValueError(f"--workspaces {folder}: no experiment folder (a subfolder with a params.yaml) in it")
     return out
+
+
+OUTCOME_COLUMNS = ("content_hash", "num_agents", "size", "valid", "optimal")
+"""The columns of a benchmark rollout every outcome row keeps."""
+
+
+def _read_parquet(repo: Path, record: dict[str, Any], path: str, columns: list[str]) -> Any:
+    """``path`` of one experiment as an Arrow table: from its workspace folder, or through DVC at its revision."""
+    import io
+
+    import pyarrow.parquet as pq
+
+    if record.get("folder"):
+        return pq.read_table(Path(record["folder"]) / path, columns=columns)
+    import dvc.api
+
+    with dvc.api.open(path, repo=str(repo), rev=record.get("rev"), mode="rb") as f:
+        return pq.read_table(io.BytesIO(f.read()), columns=columns)
+
+
+def outcomes(repo: Path, records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> Any:
+    """Every benchmark answer of the planned experiments, one row each: arm, seed, stage, content hash, agents, size,
+    wait ratio, valid, optimal (Arrow table), so a comparison's tables and figures can be derived again; a stage whose
+    rollout cannot be read (not run, not in DVC's cache) is left out."""
+    import pyarrow as pa
+    from dvc.exceptions import DvcException
+
+    arms = {item["name"]: item for item in plan}
+    tables, waits = [], None
+    for rec in records:
+        item = arms.get(rec["name"])
+        if item is None or item.get("targets"):
+            continue
+        for k in curriculum_stages(rec["params"]):
+            evaluate = stage_named(stages, "evaluate", str(k))
+            path = evaluate.out("benchmark.parquet") if evaluate else None
+            if path is None:
+                continue
+            try:
+                table = _read_parquet(repo, rec, path, list(OUTCOME_COLUMNS))
+                if waits is None:
+                    bench = next(d for d in evaluate.deps if d.endswith("instances.parquet") and "benchmark" in d)
+                    rows = _read_parquet(repo, rec, bench, ["content_hash", "wait_subset"]).to_pylist()
+                    waits = {r["content_hash"]: r["wait_subset"] for r in rows}
+            except (OSError, StopIteration, ValueError, DvcException) as e:
+                print(f"warning: {rec['name']} stage {k}: no benchmark answers ({type(e).__name__})", file=sys.stderr)
+                continue
+            n = table.num_rows
+            tables.append(pa.table({"engineer": [item["arm"]] * n, "seed": [item["seed"]] * n, "stage": [k] * n,
+                                    **{c: table.column(c) for c in OUTCOME_COLUMNS},
+                                    "wait_ratio": [waits.get(h) for h in table.column("content_hash").to_pylist()]}))
+    return pa.concat_tables(tables) if tables else None
 
 
 def stage_config(record: dict[str, Any], stages: list[StageFiles], stage: int) -> dict[str, Any] | None:
@@ -643,8 +696,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="read the experiments from DIR's subfolders (one per experiment, named cmp-ENGINEER-sSEED, "
                         "each a workspace: params.yaml and the files dvc.yaml declares) instead of `dvc exp show`; "
                         "for a run stopped before DVC saved its experiments")
-    parser.add_argument("--out-json", type=Path, default=Path("comparison.json"))
+    parser.add_argument("--out-json", type=Path, default=Path("comparison.json"),
+                        help="the table, and what ran on what (commit, settings, wall time, GPUs); every benchmark "
+                        "answer's outcome goes beside it as NAME.outcomes.parquet")
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
+
+
+def run_experiments(args: argparse.Namespace, plan: list[dict[str, Any]], extra: dict[str, Any],
+                    stages: list[StageFiles]) -> dict[str, Any]:
+    """``--run``: the stages no experiment changes once in the workspace (:func:`seed_free_stages`), then the plan's
+    unfinished experiments wave by wave (:func:`waves`) through DVC's queue or Prefect; returns what ran on what:
+    wall seconds, the GPUs (kind, count) and how busy they were."""
+    from experiments.machine import BusySampler, describe_gpus
+
+    began = time.monotonic()
+    with BusySampler() as busy:
+        done = {rec["name"] for rec in experiment_records(experiments_shown(args.repo))
+                if last_stage_result(rec, stages) is not None}
+        common = seed_free_stages(stages, sorted({k for item in plan for k in item["set"]} | set(extra)))
+        if common and len(done) < len(plan):
+            print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
+                  f"{', '.join(common)}", flush=True)
+            dvc(["repro", *common], args.repo)
+        for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
+            wave_began = time.monotonic()
+            print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
+            if args.via == "prefect":
+                states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
+            else:
+                states = run_wave_in_queue(args.repo, args.jobs, wave, extra)
+            failed = [name for name, state in states.items() if state == "Failed"]
+            if failed:
+                where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"
+                print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
+            print(f"{time.strftime('%H:%M:%S')} wave {number} done in {time.monotonic() - wave_began:.0f} s", flush=True)
+            scaffolding = [item["name"] for item in wave if item.get("targets")]
+            if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
+                try:
+                    dvc(["exp", "remove", *scaffolding], args.repo)
+                except DvcError as e:
+                    print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
+    return {"wall_s": round(time.monotonic() - began, 1), "gpus": describe_gpus(), "gpu_busy": busy.summary()}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -667,32 +759,7 @@ def run(args: argparse.Namespace) -> int:
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item["set"], **extra})
         stages = pipeline_stages(args.repo)
-        if args.run:
-            done = {rec["name"] for rec in experiment_records(experiments_shown(args.repo))
-                    if last_stage_result(rec, stages) is not None}
-            common = seed_free_stages(stages, sorted({k for item in plan for k in item["set"]} | set(extra)))
-            if common and len(done) < len(plan):
-                print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
-                      f"{', '.join(common)}", flush=True)
-                dvc(["repro", *common], args.repo)
-            for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
-                began = time.monotonic()
-                print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
-                if args.via == "prefect":
-                    states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
-                else:
-                    states = run_wave_in_queue(args.repo, args.jobs, wave, extra)
-                failed = [name for name, state in states.items() if state == "Failed"]
-                if failed:
-                    where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"
-                    print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
-                print(f"{time.strftime('%H:%M:%S')} wave {number} done in {time.monotonic() - began:.0f} s", flush=True)
-                scaffolding = [item["name"] for item in wave if item.get("targets")]
-                if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
-                    try:
-                        dvc(["exp", "remove", *scaffolding], args.repo)
-                    except DvcError as e:
-                        print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
+        ran = run_experiments(args, plan, extra, stages) if args.run else None
         if args.workspaces:
             records = workspace_records(args.workspaces, stages)
         else:
@@ -706,7 +773,27 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    atomic_write_text(args.out_json, json.dumps(table, indent=2))
+    meta = {"commit": git_commit(args.repo), "engineers": engineers, "seeds": seeds, "contexts": contexts,
+            "set": args.set, "reference": args.reference, "via": args.via, "jobs": args.jobs,
+            "params": load_params(args.repo / "params.yaml", extra).model_dump(mode="json"), **(ran or {})}
+    answers = outcomes(args.repo, records, plan, stages)
+    if answers is not None:
+        import pyarrow.parquet as pq
+
+        path = args.out_json.with_suffix(".outcomes.parquet")
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(answers, tmp)
+        tmp.replace(path)
+        print(f"{answers.num_rows} benchmark answers' outcomes in {path}")
+    atomic_write_text(args.out_json, json.dumps({"run": meta, "arms": table}, indent=2))
     atomic_write_text(args.out_md, render(table))
     print(render(table))
     return 0
+
+
+def git_commit(repo: Path) -> str | None:
+    """The commit checked out in ``repo`` (None outside git)."""
+    import subprocess
+
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True)
+    return out.stdout.strip() or None if out.returncode == 0 else None

@@ -338,6 +338,8 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
     if sens is not None:
         figs["sensitivity"] = sensitivity_figure(sens)
     compared = json.loads(comparison.read_text()) if comparison is not None and comparison.exists() else None
+    if compared is not None and "arms" in compared:  # what `compare` writes; earlier files hold the arms alone
+        compared = compared["arms"]
     curves = comparison_figure(compared) if compared else None
     if curves is not None:
         figs["comparison"] = curves

@@ -164,11 +164,14 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     listed = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=tmp_path, capture_output=True, text=True,
                             env=dvc_env(), check=True).stdout
     assert "cmp-fixed-s1" in listed and "cmp-shared" not in listed  # the scaffolding experiments are removed
-    table = json.loads(out_json.read_text())
+    written = json.loads(out_json.read_text())
+    table = written["arms"]
+    assert written["run"]["seeds"] == [1, 2] and written["run"]["wall_s"] > 0 and len(written["run"]["commit"]) == 40
+    assert written["run"]["gpus"]["count"] == 0 and written["run"]["params"]["train"]["seed"] == 0  # what ran, on what
     assert table["fixed"]["seeds"] == [1, 2] and table["fixed"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.15)
     assert table["heuristic"]["metrics"]["acc/3_agents"]["mean"] == pytest.approx(0.65)
     assert table["heuristic"]["metrics"]["val/valid"]["mean"] == pytest.approx(0.325)
-    assert main(args) == 0 and json.loads(out_json.read_text()) == table  # collect only: the same table
+    assert main(args) == 0 and json.loads(out_json.read_text())["arms"] == table  # collect only: the same table
     assert main(args + ["--set", "train.no_such_knob=1"]) == 2
     assert "train.no_such_knob" in capsys.readouterr().err
     assert main(args[:3] + ["--engineers", "seer"]) == 2
@@ -325,13 +328,46 @@ def test_workspaces_give_the_records_dvc_exp_show_gives(tmp_path):
     records = workspace_records(tmp_path, stages)
     assert [r["name"] for r in records] == sorted(p["name"] for p in plan)
     by_name = {r["name"]: r for r in experiment_records(show)}
-    assert all(r == by_name[r["name"]] for r in records)
+    def same(r: dict) -> dict:  # less where each was read from
+        return {k: v for k, v in r.items() if k not in ("folder", "rev")}
+
+    assert all(same(r) == same(by_name[r["name"]]) for r in records)
     table = aggregate(records, plan, stages)
     assert table == aggregate(experiment_records(show), plan, stages)
     assert table["heuristic"]["metrics"]["val/valid"] == {"mean": 0.5, "ci95": None, "n": 1}
     assert "50.0 (one seed)" in render(table) and table["heuristic"]["configs"]["1"]["size"]["mean"] == pytest.approx(3.0)
     with pytest.raises(ValueError, match="no experiment folder"):
         workspace_records(tmp_path / "notes", stages)
+
+
+def test_every_benchmark_answer_is_kept_with_its_engineer_seed_stage_and_wait_ratio(tmp_path):
+    """outcomes(): one row per answer of every planned experiment's benchmark rollouts, read from its files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from experiments.compare import outcomes
+
+    evaluate = [StageFiles(name=f"evaluate@{k}", deps=("data/benchmark/instances.parquet",), params_files=(),
+                           outs=(f"data/stages/{k}/benchmark.parquet",), metrics=(), plots=()) for k in (0, 1)]
+    plan = experiment_plan(["fixed", "plr"], [0])
+    records = []
+    for i, item in enumerate(plan):
+        ws = tmp_path / item["name"]
+        for k in (0, 1):
+            (ws / f"data/stages/{k}").mkdir(parents=True)
+            pq.write_table(pa.table({"content_hash": ["a", "b"], "num_agents": [2, 3], "size": [3, 4],
+                                     "valid": [True, k == 1], "optimal": [i == 0, False], "completion": ["x", "y"]}),
+                           ws / f"data/stages/{k}/benchmark.parquet")
+        (ws / "data/benchmark").mkdir()
+        pq.write_table(pa.table({"content_hash": ["a", "b"], "wait_subset": [0.25, 0.75]}),
+                       ws / "data/benchmark/instances.parquet")
+        records.append({"name": item["name"], "params": {"curriculum": CURRICULUM}, "folder": str(ws)})
+    table = outcomes(tmp_path, records + [{"name": "someone-else", "params": {}}], plan, evaluate)
+    assert table.num_rows == 8 and table.column_names == ["engineer", "seed", "stage", "content_hash", "num_agents",
+                                                          "size", "valid", "optimal", "wait_ratio"]
+    rows = table.to_pylist()
+    assert {(r["engineer"], r["stage"]) for r in rows} == {("fixed", 0), ("fixed", 1), ("plr", 0), ("plr", 1)}
+    assert [r["wait_ratio"] for r in rows[:2]] == [0.25, 0.75] and rows[3]["valid"] is True
 
 
 def test_experiment_process_alive_reads_dvc_tasks_process_records(tmp_path):
