@@ -178,8 +178,9 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
 
 
 def training_curves(run: list[dict[str, Any]]) -> bytes:
-    """Warm-start loss and GRPO mean reward (and valid rate) per optimizer step, one line per stage."""
+    """Supervised loss and GRPO mean reward (and valid rate) per optimizer step, one line per stage."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.2))
     for i, e in enumerate(run):
@@ -191,12 +192,13 @@ def training_curves(run: list[dict[str, Any]]) -> bytes:
                        label=f"stage {e['stage']}: reward")
             right.plot([r["step"] for r in grpo], [r["valid"] for r in grpo], ":", color=f"C{i % 10}",
                        label=f"stage {e['stage']}: valid rate")
-    left.set_title("warm-start loss per step", fontsize=9)
+    left.set_title("supervised (distillation) loss per step", fontsize=9)
     left.set_xlabel("step")
     right.set_title("GRPO mean reward and valid rate per step", fontsize=9)
     right.set_xlabel("step")
     right.set_ylim(-0.02, 1.02)
     for ax in (left, right):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole: no 0.25 ticks for a 2-step stage
         if ax.lines:
             ax.legend(fontsize=7)
     return _png(fig)
@@ -328,6 +330,11 @@ def comparison_figure(table: dict[str, Any]) -> bytes | None:
     return _png(fig)
 
 
+def stage_count(n: int) -> str:
+    """``1 stage``, ``2 stages``."""
+    return f"{n} stage{'' if n == 1 else 's'}"
+
+
 def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None = None, title: str = "env-engineer run",
                  source: str = ".", sensitivity: Path | None = None) -> list[Path]:
     """Write the HTML report of ``run`` (:func:`load_run`) to ``out`` and its PNGs beside it; returns the files. With
@@ -350,7 +357,7 @@ def build_report(run: list[dict[str, Any]], out: Path, comparison: Path | None =
         atomic_write_bytes(assets / f"{name}.png", data)
         written.append(assets / f"{name}.png")
     parts = [f"<h1>{html.escape(title)}</h1>",
-             f"<p>{len([e for e in run if 'train' in e])} trained stage(s) in {html.escape(source)}.</p>"]
+             f"<p>{stage_count(len([e for e in run if 'train' in e]))} trained, in {html.escape(source)}.</p>"]
     captions = {"benchmark_curves": "Benchmark curves", "training_curves": "Training curves",
                 "benchmark_heatmap": "Benchmark by agents and size",
                 "validation_heatmap": "Validation by stage and size", "config_evolution": "Configuration evolution",
@@ -433,6 +440,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: --sensitivity {args.sensitivity}: no such file (a summary JSON of `env-engineer sensitivity`)",
               file=sys.stderr)
         return 2
-    files = build_report(run_, args.out, args.comparison, args.title, str(args.repo), args.sensitivity)
+    files = build_report(run_, args.out, args.comparison, args.title, str(args.repo.resolve()), args.sensitivity)
     print(f"wrote {files[0]} and {len(files) - 1} PNG(s)")
     return 0

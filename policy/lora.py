@@ -37,6 +37,17 @@ def load_trainable(model: str, init_adapter: str | Path | None = None, *, r: int
     return peft_model, load_tokenizer(model)
 
 
+def save_adapter(model: Any, tokenizer: Any, folder: str | Path, base: str) -> None:
+    """Write the adapter (PEFT's files, LoRA weights only) and the tokenizer to ``folder``, naming ``base`` (the
+    ``policy.model`` it was trained on: 'embedded', a folder, a cached id) as its base model, not the converted copy it
+    was loaded from, which exists on one machine only. No embedding layer is saved (LoRA leaves them frozen), so PEFT
+    does not look the base model up."""
+    for config in model.peft_config.values():
+        config.base_model_name_or_path = base
+    model.save_pretrained(str(folder), save_embedding_layers=False)
+    tokenizer.save_pretrained(str(folder))
+
+
 def causal_lm(model: Any) -> Any:
     """The causal LM inside ``model``: a PEFT model's base model (with its LoRA layers in place), else ``model``."""
     from peft import PeftModel

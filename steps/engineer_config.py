@@ -106,9 +106,34 @@ def run(args: argparse.Namespace) -> int:
         return 2
     atomic_write_text(args.out_config, result.config.to_yaml())
     atomic_write_text(args.out_log, json.dumps(result.log, indent=2, default=str))
-    print(f"engineer {params.engineer.engineer} ({params.engineer.context}): wrote {args.out_config}"
-          f"{' (kept the previous configuration)' if result.fallback else ''}; {len(result.notes)} note(s)")
+    print(decision_line(args.stage, params.engineer.engineer, current, result))
+    print(f"wrote {args.out_config}; {len(result.notes)} note(s) in {args.out_log}")
     return 0
+
+
+def decision_line(stage: int, engineer: str, current: EnvConfig, result: EngineerResult, limit: int = 6) -> str:
+    """One line a reader can follow: which knobs the engineer changed for the next stage (the seed aside), and why.
+
+    >>> from envgen.config import uniform_config
+    >>> a = uniform_config(budget=10, sizes=(3, 4))
+    >>> b = a.model_copy(update={"seed": 1, "sizes": {3: a.sizes[3].model_copy(update={"data_ratio": 0.2}), 4: a.sizes[4]}})
+    >>> decision_line(0, "heuristic", a, EngineerResult(b, (), False, {"rationale": "3x3 is solved"}))
+    'stage 0 -> 1, engineer heuristic: 3x3 share 0.50 -> 0.29, 4x4 share 0.50 -> 0.71; why: 3x3 is solved'
+    """
+    from envgen.config import config_diff
+
+    changes = []
+    for field, a, b in config_diff(current, result.config):
+        if field == "seed" or field.endswith(".data_ratio"):  # the shares say what the ratios do
+            continue
+        _, size, knob = field.split(".")
+        if isinstance(a, float) or isinstance(b, float):
+            a, b = f"{a or 0:.2f}", f"{b or 0:.2f}"
+        changes.append(f"{size}x{size} {knob} {a} -> {b}")
+    what = "kept the previous configuration" if result.fallback else (", ".join(changes[:limit]) + (
+        f" and {len(changes) - limit} more" if len(changes) > limit else "") if changes else "no change")
+    why = " ".join(str(result.log.get("rationale") or "").split())[:160]
+    return f"stage {stage} -> {stage + 1}, engineer {engineer}: {what}" + (f"; why: {why}" if why else "")
 
 
 def main(argv: list[str] | None = None) -> int:

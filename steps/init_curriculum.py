@@ -34,12 +34,11 @@ def init_curriculum(params: Params, out_dir: Path, out_config: Path, start_adapt
             shutil.rmtree(work)
             shutil.copytree(start_adapter, work)
         else:
-            from policy.lora import load_trainable
+            from policy.lora import load_trainable, save_adapter
 
             model, tok = load_trainable(params.policy.model, None, r=t.lora_r, alpha=t.lora_alpha, dropout=t.lora_dropout,
                                         targets=t.lora_targets, device="cpu", seed=t.seed)
-            model.save_pretrained(work)
-            tok.save_pretrained(work)
+            save_adapter(model, tok, work, params.policy.model)
         replace_dir(work, out_dir / "adapter")
     finally:
         shutil.rmtree(work, ignore_errors=True)

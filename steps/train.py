@@ -45,7 +45,7 @@ from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
 from pipeline.progress import trainer_progress
 from policy.devices import world_size
-from policy.lora import causal_lm
+from policy.lora import causal_lm, save_adapter
 
 
 class RecordingReward:
@@ -872,8 +872,7 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
             state.wait_for_everyone()
             return metrics
         staged = work / "adapter"
-        model.save_pretrained(staged)
-        tok.save_pretrained(staged)
+        save_adapter(model, tok, staged, policy.model)
         record = {"policy": policy.model_dump(mode="json"), "train": settings.model_dump(mode="json")}
         (staged / "train_config.json").write_text(json.dumps(record, indent=2))
         metrics["seconds"] = time.perf_counter() - start

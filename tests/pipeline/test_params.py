@@ -19,7 +19,8 @@ def test_every_preset_is_a_valid_params_file(preset):
 
 def test_the_comparison_preset_differs_from_the_cpu_default_only_in_scale():
     cpu, gpu = load_params(ROOT / "presets" / "cpu.yaml"), load_params(ROOT / "presets" / "gpu-embedded.yaml")
-    assert gpu.policy == cpu.policy and gpu.engineer == cpu.engineer.model_copy(update={"threads": None})
+    assert gpu.policy == cpu.policy and gpu.engineer == cpu.engineer.model_copy(update={"threads": None,
+                                                                                   "engineer": "policy"})
     paper = load_params(ROOT / "presets" / "gpu.yaml")
     assert len(paper.curriculum) == 4 and paper.train.trajectories == 4000 and paper.policy.model == "Qwen/Qwen3-4B"
 

@@ -106,9 +106,9 @@ def test_cli_writes_config_and_log(tmp_path, capsys, tiny_model_dir):
     log = json.loads((tmp_path / "log.json").read_text())
     assert nxt.seed == 6 and log["engineer"] == "heuristic" and log["config"]["seed"] == 6 and log["rationale"]
     assert main(["--params", str(params), "--summary", str(tmp_path / "s.json"), "--config", str(tmp_path / "c.yaml"), "--stage", "1",
-                 "--out-config", str(tmp_path / "n2.yaml"), "--out-log", str(tmp_path / "l2.json"), "--set", "engineer.engineer=oracle"]) == 2
+                 "--out-config", str(tmp_path / "n2.yaml"), "--out-log", str(tmp_path / "l2.json"), "--set", "engineer.engineer=seer"]) == 2
     err = capsys.readouterr().err
-    assert "engineer.engineer = 'oracle'" in err and "'heuristic'" in err
+    assert "engineer.engineer = 'seer'" in err and "'heuristic'" in err
 
 
 def test_infeasible_proposals_are_reverted_per_size_before_they_reach_the_generator():
