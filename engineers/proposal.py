@@ -92,10 +92,41 @@ def to_number(value: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+SEED_SPAN = 2**63
+"""Configuration seeds lie in [0, 2^63): the next stage's seed after the largest is 0."""
+
+
+def next_seed(seed: int) -> int:
+    """The seed of the next stage's configuration: ``seed + 1``, wrapping within :data:`SEED_SPAN`.
+
+    >>> next_seed(5), next_seed(2**63 - 1)
+    (6, 0)
+    """
+    return (seed + 1) % SEED_SPAN
+
+
+def rounded_within(value: float, old: float, limit: float | None, integer: bool = False) -> float | int:
+    """``value`` rounded (to a whole number, or 4 decimals), toward ``old`` where rounding would move it farther from
+    ``old`` than the trust region's ``limit`` allows.
+
+    >>> rounded_within(2.5, 2, 0.5, integer=True), rounded_within(0.30004, 0.2, 0.1)
+    (2, 0.3)
+    """
+    digits = 0 if integer else 4
+    out = round(value, digits)
+    if limit is not None and abs(out - old) > limit + 1e-12:
+        scale = 10**digits
+        toward = math.floor if out > old else math.ceil
+        out = toward(value * scale) / scale
+        if abs(out - old) > limit + 1e-12:
+            out = old
+    return int(out) if integer else out
+
+
 def finalize(proposal: Proposal, current: EnvConfig, trust_region: Mapping[str, float] | None = None) -> Finalized:
     """The next configuration from an untrusted proposal. Never raises on a proposal."""
     notes: list[str] = []
-    seed = current.seed + 1
+    seed = next_seed(current.seed)
     if not isinstance(proposal.sizes, Mapping):
         return Finalized(current.model_copy(update={"seed": seed}), ("no usable proposal: kept the previous configuration",), True)
     limits: dict[str, float] = {}
@@ -136,7 +167,7 @@ def finalize(proposal: Proposal, current: EnvConfig, trust_region: Mapping[str, 
                 moved = old + math.copysign(limit, value - old)
                 notes.append(f"size {n}: {knob} {old:g} -> {value:g} limited to {moved:g} by the trust region (+-{limit:g})")
                 value = moved
-            knobs[knob] = int(round(value)) if knob == "min_path_length" else round(value, 4)
+            knobs[knob] = rounded_within(value, old, limit, integer=knob == "min_path_length")
         if current.num_agents == 1 and knobs["wait_ratio"] > 0:
             notes.append(f"size {n}: wait_ratio set to 0 (one agent never needs a wait)")
             knobs["wait_ratio"] = 0.0

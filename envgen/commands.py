@@ -19,7 +19,7 @@ from pathlib import Path
 from envgen.cbs import Solved, SolverBudget, solve
 from envgen.config import (DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, config_diff, describe_fields,
                            schema_json, shorten)
-from envgen.instance import Instance, InstanceError
+from envgen.instance import Instance
 from envgen.movingai import MovingAIError, load_instance
 from envgen.simulate import Valid, check_paths
 
@@ -80,14 +80,12 @@ MAX_PLAN_BYTES = 10_000_000
 
 def load_plan(path: Path, num_agents: int) -> list[list[tuple[int, int]]]:
     """Read a JSON plan; raise :class:`PlanFileError` naming the file and line of the first problem."""
+    from envgen.files import InputFileError, read_text_bounded
+
     try:
-        if path.stat().st_size > MAX_PLAN_BYTES:
-            raise PlanFileError(f"{path}: {path.stat().st_size:,} bytes; a plan file of at most {MAX_PLAN_BYTES:,} is read")
-        text = path.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PlanFileError(f"{path}: not UTF-8 text (byte {e.start}); write the plan as JSON") from None
-    except OSError as e:
-        raise PlanFileError(f"{path}: cannot read the plan ({e.strerror or e})") from None
+        text = read_text_bounded(path, MAX_PLAN_BYTES, "plan file (JSON)")
+    except InputFileError as e:
+        raise PlanFileError(str(e)) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
@@ -161,17 +159,18 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _instance(args: argparse.Namespace) -> Instance:
     if args.instances:
-        import pyarrow.parquet as pq
+        from envgen.dataset import parse_instances, read_parquet
 
-        table = pq.read_table(args.instances, columns=["instance"])
+        table = read_parquet(args.instances, "an instances file", ["instance"])
         if not 0 <= args.index < table.num_rows:
             raise ValueError(f"--index {args.index}: {args.instances} has rows 0..{table.num_rows - 1}")
-        return Instance.from_str(table.column("instance")[args.index].as_py())
+        return parse_instances([table.column("instance")[args.index].as_py()], f"{args.instances} (--index)")[0]
     if args.instance_file:
-        try:
-            return Instance.from_str(args.instance_file.read_text(encoding="utf-8"))
-        except InstanceError as e:
-            raise ValueError(f"{args.instance_file}: {e}") from None
+        from envgen.dataset import MAX_INSTANCE_CHARS, parse_instances
+        from envgen.files import read_text_bounded
+
+        return parse_instances([read_text_bounded(args.instance_file, 4 * MAX_INSTANCE_CHARS, "instance file")],
+                               args.instance_file)[0]
     if args.scen is None or args.agents is None:
         raise ValueError("--map needs --scen and --agents")
     return load_instance(args.map, args.scen, args.agents)

@@ -20,6 +20,7 @@ Data ratios are relative weights: they are normalised over the listed sizes (``E
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -98,10 +99,11 @@ class EnvConfig(BaseModel):
         if isinstance(value, dict):
             out = {}
             for key, knobs in value.items():
-                try:
-                    size = int(str(key).lower().split("x")[0])
-                except ValueError:
-                    raise ValueError(f"size key {key!r} is not a whole number; use keys such as 3, 4, ... {MAX_SIZE}") from None
+                match = None if isinstance(key, bool) else re.fullmatch(r"([0-9]{1,2})(?:x\1)?", str(key))
+                if match is None:
+                    raise ValueError(f"size key {str(key)[:20]!r} is not a map size; use keys such as 3, 4, ... "
+                                     f"{MAX_SIZE} (or 3x3)")
+                size = int(match.group(1))
                 if not MIN_SIZE <= size <= MAX_SIZE:
                     raise ValueError(f"size {size} is outside {MIN_SIZE}..{MAX_SIZE}; remove it or use a size in range")
                 if size in out:

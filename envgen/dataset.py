@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 from envgen.config import EnvConfig
 from envgen.files import atomic_write_bytes
 from envgen.generator import Generated, GeneratorOptions, draw_statistics, generate
-from envgen.instance import Instance
+from envgen.instance import Instance, InstanceError
 from envgen.schemas import INSTANCES, Dataset
 from envgen.simulate import Valid, check_paths, paths_to_moves
 
@@ -117,13 +117,68 @@ def generator_stats_of(path: str | Path) -> dict[str, Any]:
     return json.loads(meta[b"generator_stats"])
 
 
+MAX_PARQUET_BYTES = 2_000_000_000
+"""Largest Parquet file read (the largest the project writes, the starting policy's 50,000 instances, is 5 MB)."""
+
+MAX_INSTANCE_CHARS = 20_000
+"""Longest instance text parsed (a 16 x 16 board with 8 agents takes under 1,000 characters)."""
+
+
+def read_parquet(path: str | Path, what: str, columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file as a table, within bounds: a missing, empty, truncated or non-Parquet file, a device or FIFO, a
+    file over :data:`MAX_PARQUET_BYTES`, or one without ``columns``, is one ``ValueError`` naming the file."""
+    import stat
+
+    path = Path(path)
+    try:
+        info = path.stat()
+    except OSError as e:
+        raise ValueError(f"{path}: cannot be read ({e.strerror or type(e).__name__}); give the {what}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError(f"{path}: not a regular file (a folder, device or FIFO); give the {what}")
+    if info.st_size > MAX_PARQUET_BYTES:
+        raise ValueError(f"{path}: {info.st_size:,} bytes, more than the {MAX_PARQUET_BYTES:,} read; give the {what}")
+    try:
+        names = pq.read_schema(path).names
+    except (OSError, ValueError) as e:  # pyarrow: ArrowInvalid (a ValueError) for a file that is not Parquet
+        raise ValueError(f"{path}: not a Parquet file ({str(e).splitlines()[0][:120]}); give the {what}") from None
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise ValueError(f"{path}: not {what}: no column {', '.join(missing[:5])}")
+    try:
+        return pq.read_table(path, columns=columns)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: cannot be read as {what} ({str(e).splitlines()[0][:120]})") from None
+
+
 def read_instances(path: str | Path) -> pa.Table:
-    """Read an instances file, checking that it has this schema's columns."""
-    table = pq.read_table(path)
+    """Read an instances file, checking that it has this schema's columns and that its ``instance`` column holds text
+    (:func:`parse_instances` parses it)."""
+    table = read_parquet(path, "an instances file", None)
     missing = [n for n in INSTANCES.names if n not in table.column_names]
     if missing:
         raise ValueError(f"{path}: not an instances file, missing columns {missing}")
+    if not pa.types.is_string(table.schema.field("instance").type) and not pa.types.is_large_string(
+            table.schema.field("instance").type):
+        raise ValueError(f"{path}: its instance column holds {table.schema.field('instance').type}, not text")
     return table
+
+
+def parse_instances(texts: Iterable[Any], source: str | Path) -> list[Instance]:
+    """The :class:`Instance` of each text, or a ``ValueError`` naming ``source``, the row and what is wrong (a null or
+    non-text cell, an oversized text, a malformed one), never quoting more than a few characters of it."""
+    out = []
+    for row, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"{source}: row {row}: the instance is {type(text).__name__}, not text")
+        if len(text) > MAX_INSTANCE_CHARS:
+            raise ValueError(f"{source}: row {row}: an instance of {len(text):,} characters (at most "
+                             f"{MAX_INSTANCE_CHARS:,})")
+        try:
+            out.append(Instance.from_str(text))
+        except InstanceError as e:
+            raise ValueError(f"{source}: row {row}: not an instance ({str(e)[:160]})") from None
+    return out
 
 
 def read_exclusions(paths: Iterable[str | Path]) -> frozenset[str]:
@@ -138,9 +193,9 @@ def read_exclusions(paths: Iterable[str | Path]) -> frozenset[str]:
     return frozenset(hashes)
 
 
-def instances_of(table: pa.Table) -> list[Instance]:
-    """The :class:`Instance` of every row."""
-    return [Instance.from_str(text) for text in table.column("instance").to_pylist()]
+def instances_of(table: pa.Table, source: str | Path = "<table>") -> list[Instance]:
+    """The :class:`Instance` of every row (:func:`parse_instances`)."""
+    return parse_instances(table.column("instance").to_pylist(), source)
 
 
 def config_of(path: str | Path) -> EnvConfig:

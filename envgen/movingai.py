@@ -11,9 +11,10 @@ Errors are :class:`MovingAIError`, which names the file and the line.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-from envgen.instance import FREE, HOLE, Instance, InstanceError
+from envgen.instance import FREE, HOLE, MAX_SIDE, Instance, InstanceError
 
 PASSABLE = frozenset(".GS")
 BLOCKED = frozenset("@OTW")
@@ -30,11 +31,22 @@ class MovingAIError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
+MAX_FILE_BYTES = 16_000_000
+"""Largest map or scenario file read: a 1,024 x 1,024 map (this project's largest side) is about 1 MB."""
+
+
 def _read(path: str | Path) -> list[str]:
+    from envgen.files import InputFileError, read_bytes_bounded
+
     try:
-        return Path(path).read_text(encoding="utf-8", errors="replace").splitlines()
-    except OSError as e:
-        raise MovingAIError(path, 0, f"cannot read the file ({e.strerror or e})") from None
+        data = read_bytes_bounded(path, MAX_FILE_BYTES, "MovingAI map or scenario file")
+    except InputFileError as e:
+        raise MovingAIError(path, 0, str(e).removeprefix(f"{path}: ")) from None
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+_NUMBER = re.compile(r"[0-9]{1,9}")
+"""A whole number in a header: ASCII digits only (``int`` would take other scripts' digits too)."""
 
 
 def load_map(path: str | Path) -> tuple[str, ...]:
@@ -51,18 +63,21 @@ def load_map(path: str | Path) -> tuple[str, ...]:
             continue
         key, _, value = text.partition(" ")
         if key not in ("type", "height", "width"):
-            raise MovingAIError(path, n, f"unexpected header line {text!r}; expected type/height/width/map")
+            raise MovingAIError(path, n, f"unexpected header line {text[:60]!r}; expected type/height/width/map")
+        if key in header:
+            raise MovingAIError(path, n, f"a second '{key}' line; the header gives each of type, height and width once")
         header[key] = value.strip()
     else:
         raise MovingAIError(path, n, "no 'map' line: the header must end with a line reading 'map'")
-    try:
-        height, width = int(header["height"]), int(header["width"])
-    except KeyError as e:
-        raise MovingAIError(path, 0, f"header lacks '{e.args[0]} N'") from None
-    except ValueError:
-        raise MovingAIError(path, 0, f"height/width must be integers, got {header.get('height')!r}/{header.get('width')!r}") from None
-    if height < 1 or width < 1:
-        raise MovingAIError(path, 0, f"height and width must be positive, got {height}x{width}")
+    missing = [k for k in ("height", "width") if k not in header]
+    if missing:
+        raise MovingAIError(path, 0, f"header lacks '{missing[0]} N'")
+    if not all(_NUMBER.fullmatch(header[k]) for k in ("height", "width")):
+        raise MovingAIError(path, 0, f"height/width must be whole numbers written in digits 0-9, got "
+                                     f"{header['height'][:20]!r}/{header['width'][:20]!r}")
+    height, width = int(header["height"]), int(header["width"])
+    if not (1 <= height <= MAX_SIDE and 1 <= width <= MAX_SIDE):
+        raise MovingAIError(path, 0, f"a {width}x{height} map; this project reads maps of 1..{MAX_SIDE} cells a side")
     rows = []
     for i in range(height):
         if n + i >= len(lines):
@@ -74,6 +89,10 @@ def load_map(path: str | Path) -> tuple[str, ...]:
         if bad:
             raise MovingAIError(path, n + i + 1, f"unknown map symbol(s) {sorted(bad)}; passable {sorted(PASSABLE)}, blocked {sorted(BLOCKED)}")
         rows.append("".join(FREE if ch in PASSABLE else HOLE for ch in raw))
+    extra = next((k for k in range(n + height, len(lines)) if lines[k].strip()), None)
+    if extra is not None:
+        raise MovingAIError(path, extra + 1, f"more rows than the header's height {height}; fix the height or remove "
+                                             "the rows after the map")
     return tuple(rows)
 
 
@@ -88,10 +107,10 @@ def load_scen(path: str | Path) -> list[tuple[tuple[int, int], tuple[int, int]]]
         cols = raw.split("\t") if "\t" in raw else raw.split()
         if len(cols) < 8:
             raise MovingAIError(path, n, f"expected 9 tab-separated columns (bucket, map, width, height, sx, sy, gx, gy, dist), got {len(cols)}")
-        try:
-            sx, sy, gx, gy = (int(v) for v in cols[4:8])
-        except ValueError:
-            raise MovingAIError(path, n, f"start/goal coordinates must be integers, got {[c[:20] for c in cols[4:8]]}") from None
+        if not all(_NUMBER.fullmatch(v.strip()) for v in cols[4:8]):
+            raise MovingAIError(path, n, f"start/goal coordinates must be whole numbers written in digits 0-9, got "
+                                         f"{[c[:20] for c in cols[4:8]]}")
+        sx, sy, gx, gy = (int(v) for v in cols[4:8])
         agents.append(((sy, sx), (gy, gx)))
     if not agents:
         raise MovingAIError(path, 0, "the scenario lists no agents")

@@ -61,8 +61,16 @@ class ParamsError(ValueError):
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no NaN or infinity anywhere: a learning rate, an epoch count or a trust region of inf is a typo that would break
+    # a step long after it started
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
+
+SEED_MAX = 2**31 - 1
+"""Largest seed a step takes: torch, numpy and transformers all accept it (numpy refuses seeds of 2^32 and more, and a
+rollout's batch k uses seed + k)."""
+TEMPERATURE_MIN = 1e-3
+"""Smallest positive sampling temperature: below it the logits divided by it overflow (1e-320 crashed sampling)."""
 
 class CurriculumStage(_Section):
     """One stage of the curriculum: it trains from stage ``prev``'s adapter and its engineer writes stage ``next``'s
@@ -136,8 +144,8 @@ class TrainSettings(_Section):
     lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
     lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
     lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
-    sft_epochs: float = Field(1.0, gt=0, description="Warm-start epochs over the stage's instances.")
-    sft_learning_rate: float = Field(1e-3, gt=0, description="Warm-start learning rate.")
+    sft_epochs: float = Field(1.0, gt=0, le=100, description="Warm-start epochs over the stage's instances.")
+    sft_learning_rate: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate.")
     sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
     sft_micro_batch_size: int | None = Field(
         None, ge=1, description="Warm-start examples per forward/backward pass (None: sft_batch_size, or with N "
@@ -201,12 +209,12 @@ class TrainSettings(_Section):
         "the next k steps (TRL's steps_per_generation; later steps are then slightly off-policy, corrected by the "
         "clipped importance ratio). Larger generation batches use a GPU better. Must divide the stage's step count, "
         "ceil(trajectories / (prompts_per_step * G)), so the budget stays exact.")
-    learning_rate: float = Field(2e-5, gt=0, description="GRPO learning rate.")
+    learning_rate: float = Field(2e-5, gt=0, le=1, description="GRPO learning rate.")
     beta: float = Field(0.0, ge=0, description="KL penalty toward the starting policy (0: none, no reference model kept).")
     max_completion_length: int = Field(160, ge=8, description="GRPO completion length cap in tokens.")
-    temperature: float = Field(1.0, gt=0, description="GRPO sampling temperature.")
+    temperature: float = Field(1.0, ge=TEMPERATURE_MIN, le=100, description="GRPO sampling temperature.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
-    seed: int = Field(0, ge=0, description="Seed of data order, LoRA initialisation and sampling.")
+    seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of data order, LoRA initialisation and sampling.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train ('auto': CUDA when there is "
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
     use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
@@ -354,9 +362,10 @@ class RolloutSettings(_Section):
     budget_margin: float = Field(
         0.5, ge=0, le=10, description="With max_new_tokens 'auto': how much longer than the optimal answer an answer "
         "may run, as a share of it (0.5: half as long again).")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature; 0 is greedy.")
+    temperature: float = Field(0.0, ge=0, le=100, description="Sampling temperature; 0 is greedy (else at least "
+                               f"{TEMPERATURE_MIN}).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling mass.")
-    seed: int = Field(0, ge=0, description="Sampling seed (batch k of a call uses seed + k).")
+    seed: int = Field(0, ge=0, le=SEED_MAX // 2, description="Sampling seed (batch k of a call uses seed + k).")
     batch_size: int = Field(8, ge=1, description="Instances per generate call (times samples sequences).")
     threads: int | None = Field(None, ge=1, description="torch CPU threads (None: torch's default).")
     cache: Literal["auto", "static", "dynamic"] = Field(
@@ -379,6 +388,8 @@ class RolloutSettings(_Section):
     def _endpoint(self) -> RolloutSettings:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("rollout.backend 'openai' needs rollout.base_url (e.g. http://127.0.0.1:8000/v1)")
+        if 0 < self.temperature < TEMPERATURE_MIN:
+            raise ValueError(f"rollout.temperature = {self.temperature:g}: use 0 (greedy) or at least {TEMPERATURE_MIN}")
         return self
 
 
@@ -395,7 +406,8 @@ class EngineerSettings(_Section):
         "limit). It applies to every engineer alike; the paper uses none.")
     constrained: bool = Field(True, description="Constrain LLM decoding to the proposal's JSON schema where the backend can.")
     max_new_tokens: int = Field(512, ge=64, description="LLM answer length cap.")
-    temperature: float = Field(0.7, ge=0, description="LLM sampling temperature (0: greedy).")
+    temperature: float = Field(0.7, ge=0, le=100, description="LLM sampling temperature (0: greedy, else at least "
+                               f"{TEMPERATURE_MIN}).")
     base_url: str | None = Field(None, description="api engineer: OpenAI-compatible endpoint, e.g. https://api.openai.com/v1.")
     api_model: str = Field("gpt-4o-mini", description="api engineer: the endpoint's model name.")
     api_key_env: str | None = Field("OPENAI_API_KEY", description="api engineer: environment variable holding the key "
@@ -407,7 +419,7 @@ class EngineerSettings(_Section):
     feasibility_check: bool = Field(True, description="Generate the proposed stage once (same seed as the next stage); "
                                     "sizes whose knobs cannot be generated go back to their previous values, with a note.")
     threads: int | None = Field(None, ge=1, description="torch CPU threads for local models.")
-    seed: int = Field(0, ge=0, description="Seed of sampling and of the random engineer.")
+    seed: int = Field(0, ge=0, le=SEED_MAX // 2, description="Seed of sampling and of the random engineer.")
 
     @model_validator(mode="after")
     def _knobs(self) -> EngineerSettings:
@@ -416,6 +428,8 @@ class EngineerSettings(_Section):
             raise ValueError(f"engineer.trust_region: unknown knob(s) {bad}; use {list(KNOBS)}")
         if self.engineer == "api" and not self.base_url:
             raise ValueError("engineer.engineer 'api' needs engineer.base_url (and api_model, api_key_env)")
+        if 0 < self.temperature < TEMPERATURE_MIN:
+            raise ValueError(f"engineer.temperature = {self.temperature:g}: use 0 (greedy) or at least {TEMPERATURE_MIN}")
         if self.engineer == "oracle" and not self.replay:
             raise ValueError("engineer.engineer 'oracle' needs engineer.replay: the size knobs of each engineered stage, "
                              "e.g. the best sequence of a sensitivity study")
@@ -497,8 +511,8 @@ SECTIONS = tuple(Params.model_fields)
 
 
 def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
-    """``section.key=value`` items (``dvc exp run -S``'s words) as ``{dotted key: value}``; values are read as YAML
-    (``64``, ``false``, ``[a, b]``, ``{view: grid}``).
+    """``section.key=value`` items (``dvc exp run -S``'s words) as ``{dotted key: value}``; values are read as YAML 1.2,
+    as DVC reads them (``64``, ``false``, ``1e-5``, ``[a, b]``, ``{view: grid}``; ``010`` is ten).
 
     >>> parse_overrides(["train.trajectories=64", "policy.prompt.think=true", "train.learning_rate=1e-5"])
     {'train.trajectories': 64, 'policy.prompt.think': True, 'train.learning_rate': 1e-05}
@@ -513,18 +527,8 @@ def parse_overrides(items: Sequence[str]) -> dict[str, Any]:
             value = safe_yaml.load(text, f"--set {key}")
         except safe_yaml.YAMLInputError as e:
             raise ParamsError(str(e)) from None
-        out[key] = _number_or(value)
+        out[key] = value
     return out
-
-
-def _number_or(value: Any) -> Any:
-    """``1e-5`` as the float YAML 1.2 (and DVC) reads, where PyYAML's YAML 1.1 reads a string."""
-    if isinstance(value, str) and value.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity"):
-        try:
-            return float(value) if any(c in value for c in ".eE") else value
-        except ValueError:
-            return value
-    return value
 
 
 def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:

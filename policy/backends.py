@@ -67,9 +67,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be at least 1")
-        if self.temperature < 0:
-            raise ValueError(f"temperature = {self.temperature}: must be 0 (greedy) or positive")
-        if not 0 < self.top_p <= 1:
+        if not (self.temperature == 0 or 1e-3 <= self.temperature <= 100):  # also refuses NaN
+            raise ValueError(f"temperature = {self.temperature}: must be 0 (greedy) or between 0.001 and 100")
+        if not 0 < self.top_p <= 1:  # also refuses NaN
             raise ValueError(f"top_p = {self.top_p}: must be in (0, 1]")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from envgen.dataset import read_instances, write_dataset
+from envgen.dataset import parse_instances, read_instances, write_dataset
 from envgen.files import atomic_write_text
 from envgen.instance import Instance
 from envgen.prompt import PromptStyle, build_messages, format_answer
@@ -104,7 +104,7 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     passed to reuse a loaded model."""
     table = read_instances(instances_path)
     rows_in = table.to_pylist()[:limit]
-    instances = [Instance.from_str(r["instance"]) for r in rows_in]
+    instances = parse_instances([r["instance"] for r in rows_in], instances_path)
     loading = time.perf_counter()
     backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
     load_seconds = time.perf_counter() - loading

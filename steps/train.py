@@ -36,7 +36,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any, Iterator, Literal
 
-from envgen.dataset import read_instances, write_dataset
+from envgen.dataset import parse_instances, read_instances, write_dataset
 from envgen.files import atomic_write_text, replace_dir
 from envgen.instance import Instance
 from envgen.prompt import PromptStyle, build_messages, format_answer
@@ -97,8 +97,7 @@ def pick_device(settings: TrainSettings) -> str:
 def demonstrations(rows: list[dict[str, Any]], style: PromptStyle) -> list[dict[str, Any]]:
     """Prompt-completion pairs: each instance's solver-optimal plan written in the exact answer format."""
     out = []
-    for row in rows:
-        inst = Instance.from_str(row["instance"])
+    for row, inst in zip(rows, parse_instances([r["instance"] for r in rows], "the stage's instances")):
         moves = [line.split() for line in row["optimal_plan"]]
         out.append({"prompt": build_messages(inst, style),
                     "completion": [{"role": "assistant", "content": format_answer(inst, moves, style)}]})
@@ -654,9 +653,10 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    data = [{"prompt": build_messages(Instance.from_str(r["instance"]), policy.prompt), "instance": r["instance"],
+    instances = parse_instances([r["instance"] for r in rows], "the stage's instances")
+    data = [{"prompt": build_messages(inst, policy.prompt), "instance": r["instance"],
              "optimal_soc": r["optimal_soc"], "instance_id": r["instance_id"], "size": r["size"],
-             "needs_wait": r["needs_wait"]} for r in rows]
+             "needs_wait": r["needs_wait"]} for r, inst in zip(rows, instances)]
     per_step = config.prompts_per_step * config.num_generations
     steps = max(1, math.ceil(config.trajectories / per_step))
     # 'auto' never pairs vLLM with the project's backend sampler: TRL would expect vLLM's sampling log-probabilities

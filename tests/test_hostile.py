@@ -60,6 +60,8 @@ def test_a_huge_value_is_refused_without_being_echoed(huge_value, capsys, tmp_pa
 
 
 @pytest.mark.parametrize("map_name, scen_name", [
+    ("arabic-height.map", "ok.scen"), ("duplicate-header.map", "ok.scen"), ("trailing-rows.map", "ok.scen"),
+    ("too-wide.map", "ok.scen"),
     ("binary.map", "ok.scen"), ("ok.map", "binary.scen"), ("huge-height.map", "ok.scen"),
     ("ok.map", "huge-coordinates.scen"), ("ok.map", "negative-coordinates.scen"), ("no-header.map", "ok.scen"),
     ("wrong-width.map", "ok.scen"), ("missing.map", "ok.scen")])
@@ -70,6 +72,56 @@ def test_hostile_movingai_files_are_refused_in_one_line(map_name, scen_name, cap
     plan = tmp_path / "p.json"
     plan.write_text("[[[0, 0]], [[2, 0]]]")
     assert_one_clear_error(*run(capsys, "check-plan", *files, "--plan", plan)[::2])
+
+
+@pytest.fixture(scope="module")
+def fifo(tmp_path_factory) -> Path:
+    import os
+
+    path = tmp_path_factory.mktemp("fifo") / "input.fifo"
+    os.mkfifo(path)  # nobody writes to it: opening it to read would wait for ever
+    return path
+
+
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_devices_and_fifos_given_as_files_are_refused_before_they_are_read(special, fifo, capsys, tmp_path):
+    """A size check by stat() sees 0 bytes in /dev/zero (which then fills memory) and a FIFO blocks its reader: every
+    file input must be a regular file, refused in one line otherwise."""
+    path = fifo if special == "fifo" else Path(special)
+    good = tmp_path / "good.yaml"
+    good.write_text(GOOD_CONFIG)
+    files = ["--map", MOVINGAI / "ok.map", "--scen", MOVINGAI / "ok.scen", "--agents", 2]
+    for argv in (("validate-config", path), ("validation-set", "--params", path, "--out", tmp_path / "v"),
+                 ("check-plan", *files, "--plan", path), ("solve", "--map", path, "--scen", MOVINGAI / "ok.scen",
+                                                          "--agents", 2),
+                 ("render", "--instance-file", path), ("render", "--instances", path),
+                 ("rollout", "--params", Path(__file__).resolve().parents[1] / "params.yaml", "--instances", path,
+                  "--out", tmp_path / "t.parquet")):
+        code, _, err = run(capsys, *argv)
+        assert_one_clear_error(code, err)
+        assert "regular file" in err, (argv, err)
+
+
+def test_broken_instance_cells_and_texts_are_named_with_their_file_and_row_never_echoed(capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    hostile = "grid 3 3\n" + "X" * 2_000_000
+    for name, cells in (("null", [None]), ("number", [7]), ("huge", [hostile]), ("garbage", ["grid 3 3\nnot a board"])):
+        path = tmp_path / f"{name}.parquet"
+        pq.write_table(pa.table({"instance": pa.array(cells, pa.int64() if name == "number" else pa.string())}), path)
+        code, _, err = run(capsys, "render", "--instances", path)
+        assert_one_clear_error(code, err)
+        assert str(path) in err and len(err) < 500, err[:600]
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    truncated = tmp_path / "truncated.parquet"
+    pq.write_table(pa.table({"instance": ["x"]}), truncated)
+    truncated.write_bytes(truncated.read_bytes()[:40])
+    for path in (empty, truncated):
+        code, _, err = run(capsys, "render", "--instances", path)
+        assert_one_clear_error(code, err)
+        assert "not a Parquet file" in err
 
 
 def plans() -> list[Path]:

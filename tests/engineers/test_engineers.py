@@ -3,6 +3,8 @@ import random
 from dataclasses import astuple
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engineers.baselines import FixedEngineer, HeuristicEngineer, RandomEngineer
 from engineers.level_samplers import ALPEngineer, LearnabilityEngineer, PLREngineer, rank_weights
@@ -274,3 +276,16 @@ def test_numbers_from_untrusted_values():
         assert to_number(bad) is None
     huge = finalize(Proposal({"3": {"hole_ratio": 10**400}}), CURRENT)  # one huge integer in an LLM answer
     assert not huge.fallback and huge.config.sizes[3] == CURRENT.sizes[3] and any("not a number" in n for n in huge.notes)
+
+
+@given(st.floats(0, 0.5), st.floats(0, 0.5), st.integers(1, 6), st.integers(1, 6), st.floats(0, 1))
+def test_the_trust_region_holds_after_rounding(old_holes, new_holes, old_path, new_path, limit):
+    """No knob moves by more than the trust region, rounding included (0.5 once let min_path_length move by 1)."""
+    current = EnvConfig(num_agents=2, budget=10, seed=2**63 - 1,
+                        sizes={8: SizeConfig(data_ratio=1, hole_ratio=round(old_holes, 4), min_path_length=old_path)})
+    proposal = Proposal({"8": {"hole_ratio": new_holes, "min_path_length": new_path}})
+    result = finalize(proposal, current, {"hole_ratio": limit, "min_path_length": limit})
+    size = result.config.sizes[8]
+    assert abs(size.hole_ratio - current.sizes[8].hole_ratio) <= limit + 1e-9
+    assert abs(size.min_path_length - old_path) <= limit + 1e-9
+    assert result.config.seed == 0 and not result.fallback  # the largest seed wraps to 0 instead of leaving the range
