@@ -133,6 +133,23 @@ def extract_json(text: str) -> tuple[dict[str, Any] | None, str | None]:
     return None, "the output holds no parseable JSON object"
 
 
+RAW_EXCERPT_CHARS = 4000
+"""How much of an answer the engineer's log keeps (its start and its end): the log is in git, and an answer can be
+megabytes of whatever an endpoint sends."""
+
+
+def excerpt(text: str, limit: int = RAW_EXCERPT_CHARS) -> str:
+    """``text`` as it is when short; else its first and last parts around a note of how much was left out.
+
+    >>> excerpt("abcdefghij", 6)
+    'abcd[... 5 characters left out ...]j'
+    """
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{text[:head]}[... {len(text) - head - tail:,} characters left out ...]{text[len(text) - tail:]}"
+
+
 class LLMEngineer:
     """An engineer that asks a language model (through a generation backend, :mod:`policy.backends`) for the next
     configuration: ``attempts`` tries, each answer's first JSON object with a ``sizes`` mapping wins."""
@@ -178,7 +195,8 @@ class LLMEngineer:
             obj, error = extract_json(gen.text)
             if obj is not None and not isinstance(obj.get("sizes"), dict):
                 obj, error = None, "the JSON object has no 'sizes' mapping"
-            attempts.append({"attempt": k + 1, "raw_output": gen.text, "error": error, "constrained": gen.constrained})
+            attempts.append({"attempt": k + 1, "raw_output": excerpt(gen.text), "raw_chars": len(gen.text),
+                             "error": error, "constrained": gen.constrained})
             if obj is not None:
                 return Proposal(obj["sizes"], own_rationale(obj.get("rationale")), prompt, tuple(attempts), constrained)
         return Proposal(None, "", prompt, tuple(attempts), constrained)

@@ -18,6 +18,8 @@ variant, and ``summary.md`` is all of them.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from envgen.config import EnvConfig, SizeConfig
@@ -119,6 +121,21 @@ class Summary(_Record):
     def initial(cls) -> Summary:
         """The summary before stage 0: no results, no history."""
         return cls(stage=-1)
+
+    @classmethod
+    def read(cls, path: str | Path) -> Summary:
+        """The summary in ``path`` (``summary.json``), or one ``ValueError`` naming the file and the first problem."""
+        from pydantic import ValidationError
+
+        from envgen.files import read_text_bounded
+
+        try:
+            return cls.model_validate_json(read_text_bounded(path, 64_000_000, "stage summary (summary.json)"))
+        except ValidationError as e:
+            first = e.errors()[0] if e.errors() else {}
+            where = ".".join(str(x) for x in first.get("loc", ())) or "the file"
+            raise ValueError(f"{path}: not a stage summary ({where}: {str(first.get('msg', ''))[:100]}); give a "
+                             "summary.json written by summarize-failures") from None
 
     def to_json(self) -> str:
         """``summary.json``'s text (the initial summary holds only its stage and empty history)."""

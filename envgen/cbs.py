@@ -78,7 +78,11 @@ class SolverBudget:
 
     Attributes:
         max_nodes: high-level CBS nodes expanded per group of agents before giving up.
-        max_seconds: wall-clock seconds before giving up (checked once per high-level node).
+        max_seconds: wall-clock seconds before giving up, counted from the start of the solve (checked while the
+            agents' distance tables are built and once per high-level node).
+        max_table_cells: the most agents x grid cells of distance tables a solve builds (about 8 bytes a cell): a
+            larger instance is given up at once (``SIZE_BUDGET``), before any memory is taken (50 agents on a
+            1,024 x 1,024 map would take 2.6 GB).
         max_joint_work: two agents go to the exhaustive joint search after ``JOINT_HANDOVER`` CBS nodes when its
             estimated work (free cells ** k * 2 ** k * 5 ** k for k agents) is at most this (measured fastest on
             2-agent boards up to 10x10, where the joint A* beats CBS on instances that need coordination and proves
@@ -91,6 +95,7 @@ class SolverBudget:
 
     max_nodes: int = 20_000
     max_seconds: float = 30.0
+    max_table_cells: int = 20_000_000
     max_joint_work: int = 3_000_000
     max_joint_states: int = 100_000
 
@@ -99,6 +104,8 @@ class SolverBudget:
             raise ValueError(f"SolverBudget.max_nodes = {self.max_nodes}: must be at least 1")
         if not self.max_seconds > 0:
             raise ValueError(f"SolverBudget.max_seconds = {self.max_seconds}: must be positive")
+        if self.max_table_cells < 1:
+            raise ValueError(f"SolverBudget.max_table_cells = {self.max_table_cells}: must be at least 1")
         if self.max_joint_work < 0:
             raise ValueError(f"SolverBudget.max_joint_work = {self.max_joint_work}: must be 0 (off) or more")
         if self.max_joint_states < 0:
@@ -116,6 +123,8 @@ class UnsolvedReason(str, Enum):
     """Not proven: the high-level node budget ran out."""
     TIME_BUDGET = "time_budget"
     """Not proven: the time budget ran out."""
+    SIZE_BUDGET = "size_budget"
+    """Not proven: the instance is larger than the budget lets a solve hold (``max_table_cells``)."""
 
     @property
     def proven(self) -> bool:
@@ -215,11 +224,22 @@ the check, which grows with the square of the agents, is skipped: crowded maps r
 
 
 def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> SolveResult:
-    grid = grid_of(instance.rows)
+    deadline = time.perf_counter() + budget.max_seconds
     n = instance.num_agents
+    cells = instance.height * instance.width
+    if n * cells > budget.max_table_cells:
+        return Unsolved(UnsolvedReason.SIZE_BUDGET, f"{n} agents on {instance.height}x{instance.width} cells need "
+                        f"{n * cells:,} cells of distance tables, more than the budget's {budget.max_table_cells:,}", 0,
+                        (None,) * n)
+    grid = grid_of(instance.rows)
     starts = [grid.index(c) for c in instance.starts]
     goals = [grid.index(c) for c in instance.goals]
-    hs = [grid.distances_from(g) for g in goals]
+    hs = []
+    for a, g in enumerate(goals):
+        if time.perf_counter() > deadline:
+            return Unsolved(UnsolvedReason.TIME_BUDGET, f"{budget.max_seconds} s went on the distance tables of "
+                            f"{a} of {n} agents", 0, (None,) * n)
+        hs.append(grid.distances_from(g))
     shortest = tuple([h[s] for h, s in zip(hs, starts)])
     if UNREACHABLE in shortest:
         a = next(i for i, d in enumerate(shortest) if d == UNREACHABLE)
@@ -230,7 +250,6 @@ def _solve(instance: Instance, budget: SolverBudget, options: CBSOptions) -> Sol
         paths = [shortest_path(grid, h, s, g) for h, s, g in zip(hs, starts, goals)]
         if first_conflict(paths) is None:
             return _solved(grid, paths, 0, shortest, "cbs")
-    deadline = time.perf_counter() + budget.max_seconds
     # Agent b shares agent a's component iff b's start is reachable from a's goal.
     group_of = list(range(n))
     for a in range(n):

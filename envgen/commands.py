@@ -181,12 +181,12 @@ def run_render(args: argparse.Namespace) -> int:
 
     try:
         inst = _instance(args)
-    except (ValueError, OSError, MovingAIError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        text = render_ascii(inst) + "\n\n" + render_coords(inst)
+    except (ValueError, OSError, MovingAIError) as e:  # a text view labels at most 26 agents, A to Z
+        print(f"error: {e}" + ("; give --agents 26 or fewer" if "at most" in str(e) and args.map else ""),
+              file=sys.stderr)
         return 2
-    print(render_ascii(inst))
-    print()
-    print(render_coords(inst))
+    print(text)
     if args.png:
         paths = None
         title = None

@@ -124,9 +124,10 @@ MAX_INSTANCE_CHARS = 20_000
 """Longest instance text parsed (a 16 x 16 board with 8 agents takes under 1,000 characters)."""
 
 
-def read_parquet(path: str | Path, what: str, columns: list[str] | None = None) -> pa.Table:
+def read_parquet(path: str | Path, what: str, columns: list[str] | None = None, dataset: Dataset | None = None) -> pa.Table:
     """A Parquet file as a table, within bounds: a missing, empty, truncated or non-Parquet file, a device or FIFO, a
-    file over :data:`MAX_PARQUET_BYTES`, or one without ``columns``, is one ``ValueError`` naming the file."""
+    file over :data:`MAX_PARQUET_BYTES`, or one without ``columns``, is one ``ValueError`` naming the file. With
+    ``dataset``, the columns read are cast to its types (a column of text where it says booleans is refused, named)."""
     import stat
 
     path = Path(path)
@@ -146,9 +147,21 @@ def read_parquet(path: str | Path, what: str, columns: list[str] | None = None) 
     if missing:
         raise ValueError(f"{path}: not {what}: no column {', '.join(missing[:5])}")
     try:
-        return pq.read_table(path, columns=columns)
+        table = pq.read_table(path, columns=columns)
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}: cannot be read as {what} ({str(e).splitlines()[0][:120]})") from None
+    if dataset is not None:
+        for name in table.column_names:
+            if name not in dataset.names:
+                continue
+            want = dataset.column(name).type
+            if table.schema.field(name).type != want:
+                try:
+                    table = table.set_column(table.column_names.index(name), name, table.column(name).cast(want))
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError):
+                    raise ValueError(f"{path}: column {name} holds {table.schema.field(name).type}, not {want}; "
+                                     f"is it {what}?") from None
+    return table
 
 
 def read_instances(path: str | Path) -> pa.Table:

@@ -87,11 +87,18 @@ def _cell(cell: Cell) -> str:
     return f"({cell[0]},{cell[1]})"
 
 
+MAX_PNG_SIDE = 4096
+"""Widest and tallest board drawn in a PNG, in pixels (50 MB of pixels at most; a title adds a line): cells shrink to
+fit a large board (a 1,024 x 1,024 board at 48 pixels a cell would take 7 GB)."""
+
+
 def render_png(instance: Instance, path: str | Path | None = None, paths: Sequence[Sequence[Cell]] | None = None,
                cell_px: int = 48, title: str | None = None, positions: Sequence[Cell] | None = None) -> bytes:
     """A PNG of the instance (ice, holes, numbered starts as discs, goals as squares), with ``paths`` (per agent
     cells from time 0, e.g. a solver's or a model's plan) drawn as coloured lines. Returns the PNG bytes and writes
-    them atomically to ``path`` when given. Agents are drawn at ``positions`` (default: their starts)."""
+    them atomically to ``path`` when given. Agents are drawn at ``positions`` (default: their starts). Cells are
+    ``cell_px`` pixels, fewer where the board would be wider or taller than :data:`MAX_PNG_SIDE`."""
+    cell_px = max(1, min(cell_px, MAX_PNG_SIDE // max(instance.width, instance.height)))
     top = 22 if title else 0
     w, h = instance.width * cell_px, instance.height * cell_px + top
     if title:  # the image is widened to the title's width, so a small board's title is never cut off

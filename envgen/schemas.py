@@ -121,9 +121,20 @@ def _parses_and_agrees(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
         and inst.num_agents == row.get("num_agents")
 
 
+MAX_CHECKED_AGENTS, MAX_CHECKED_SIDE = 8, 16
+"""The largest instances the rules of meaning replay or solve: the columns' own bounds (``num_agents``, ``size``); a
+row beyond them fails its column check, and replaying or solving it could take minutes and gigabytes."""
+
+
+def _checkable(inst: Instance | None) -> bool:
+    return inst is not None and inst.num_agents <= MAX_CHECKED_AGENTS and max(inst.height, inst.width) <= MAX_CHECKED_SIDE
+
+
 def _plan_replays(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
     inst, plan = _instance(row), row.get("optimal_plan")
-    if inst is None or not isinstance(plan, list) or not all(isinstance(line, str) for line in plan):
+    if not _checkable(inst) or not isinstance(plan, list) or not all(isinstance(line, str) for line in plan):
+        return False
+    if sum(len(line) for line in plan) > 100_000:  # a 16 x 16 board's optimal plans take a few hundred characters
         return False
     result = check_plan(inst, [line.split() for line in plan], row.get("optimal_soc"))
     return isinstance(result, Valid) and result.soc == row.get("optimal_soc") and result.makespan == row.get("makespan")
@@ -133,7 +144,7 @@ def _solver_agrees(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
     from envgen.cbs import Solved, SolverBudget, solve
 
     inst = _instance(row)
-    if inst is None:
+    if not _checkable(inst):
         return False
     result = solve(inst, SolverBudget(max_seconds=10))
     return not isinstance(result, Solved) and not result.reason.proven or (

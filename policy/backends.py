@@ -16,6 +16,7 @@ import dataclasses
 import json
 import os
 import random
+import re
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -481,6 +482,15 @@ class OpenAIBackend:
                  max_retries: int = 5, backoff_s: float = 1.0, extra_body: dict[str, Any] | None = None, **_: Any) -> None:
         if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url = {str(base_url)[:80]!r}: must start with http:// or https://")
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(base_url)
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("base_url holds a user or password (user:password@host): leave them out and put the key in "
+                             "the environment variable api_key_env names")
+        if parts.query or parts.fragment:
+            raise ValueError(f"base_url = {base_url[:80]!r}: no ?query or #fragment; give the endpoint's base, e.g. "
+                             "http://127.0.0.1:8000/v1")
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model_id = model
         self.adapter_hash = None
@@ -492,13 +502,18 @@ class OpenAIBackend:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
     def scrub(self, text: str, limit: int = 300) -> str:
-        """``text`` with the key (and its Bearer header form) replaced by ``***``, cut to ``limit`` characters."""
+        """``text`` with the key replaced by ``***`` (also where the text writes it in ``\\uXXXX`` escapes, as a JSON
+        echo may), cut to ``limit`` characters."""
         key = self._key()
         if key:
+            if "\\u" in text:  # decode escapes first, so that an escaped key is a key
+                text = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
             text = text.replace(key, "***")
         return text[:limit]
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body``; the reply as a JSON object, read as a stream and cut off past :attr:`MAX_REPLY_BYTES` once
+        decoded (a small gzip bomb is a large reply), each attempt within ``timeout_s`` in all, not per read."""
         import httpx
 
         headers = {"Content-Type": "application/json"}
@@ -507,34 +522,54 @@ class OpenAIBackend:
             headers["Authorization"] = f"Bearer {key}"
         data = json.dumps(body).encode()
         last = ""
-        with httpx.Client(timeout=self.timeout_s, follow_redirects=False) as client:
+        # trust_env=False: the key goes to base_url's host, never to a proxy named in HTTP(S)_PROXY
+        with httpx.Client(timeout=self.timeout_s, follow_redirects=False, trust_env=False) as client:
             for attempt in range(self.max_retries + 1):
                 try:
-                    response = client.post(self.url, content=data, headers=headers)
-                except (httpx.TransportError, TimeoutError, ConnectionError) as e:
-                    last = f"cannot reach {self.url}: {type(e).__name__}: {e}"
+                    status, location, content = self._exchange(client, data, headers)
+                except (httpx.HTTPError, TimeoutError, ConnectionError) as e:
+                    last = self.scrub(f"cannot read a reply from {self.url}: {type(e).__name__}: {e}")
                 else:
-                    if response.is_redirect:
-                        where = response.headers.get("location", "?")
-                        raise BackendError(self.scrub(f"{self.url} answered {response.status_code} pointing to "
-                                                      f"{where}: redirects are not followed (the API key goes to "
-                                                      "base_url's host only); set base_url to the final address"))
-                    if response.status_code == 200:
-                        if len(response.content) > self.MAX_REPLY_BYTES:
-                            raise BackendError(f"{self.url} answered {len(response.content):,} bytes: too large a reply")
+                    if 300 <= status < 400 and location is not None:
+                        raise BackendError(self.scrub(f"{self.url} answered {status} pointing to {location}: "
+                                                      "redirects are not followed (the API key goes to base_url's "
+                                                      "host only); set base_url to the final address"))
+                    if status == 200:
                         try:
-                            reply = response.json()
+                            reply = json.loads(content)
                         except (ValueError, RecursionError):
                             raise BackendError(f"{self.url} answered with something that is not JSON") from None
                         if not isinstance(reply, dict):
                             raise BackendError(f"{self.url} answered JSON that is not an object")
                         return reply
-                    last = self.scrub(f"HTTP {response.status_code} from {self.url}: {response.text[:300]}")
-                    if response.status_code != 429 and response.status_code < 500:
+                    last = self.scrub(f"HTTP {status} from {self.url}: {content[:300].decode('utf-8', 'replace')}")
+                    if status != 429 and status < 500:
                         raise BackendError(last)
                 if attempt < self.max_retries:
                     time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
         raise BackendError(self.scrub(f"{last} (gave up after {self.max_retries + 1} attempts)", 600))
+
+    ERROR_BODY_BYTES = 4096
+    """How much of an error reply's body is read (for its message)."""
+
+    def _exchange(self, client: Any, data: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
+        """One request: status, redirect location and the body, streamed and decoded: at most
+        :attr:`MAX_REPLY_BYTES` of a 200 and :attr:`ERROR_BODY_BYTES` of anything else, within ``timeout_s`` in all."""
+        deadline = time.monotonic() + self.timeout_s
+        with client.stream("POST", self.url, content=data, headers=headers) as response:
+            cap = self.MAX_REPLY_BYTES if response.status_code == 200 else self.ERROR_BODY_BYTES
+            chunks, size = [], 0
+            for chunk in response.iter_bytes():
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > cap:
+                    if response.status_code == 200:
+                        raise BackendError(f"{self.url} answered more than {cap:,} bytes: too large a reply")
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the reply took more than {self.timeout_s:g} s in all")
+            location = response.headers.get("location") if response.is_redirect else None
+            return response.status_code, location, b"".join(chunks)[: cap + 1]
 
     def count_tokens(self, text: str) -> int:
         """An upper bound on the tokens of ``text`` in any byte-level tokenizer: its UTF-8 bytes (the endpoint's

@@ -382,8 +382,10 @@ def run(args: argparse.Namespace) -> int:
             return 2
     numbers = {"--max-body-bytes": args.max_body_bytes, "--max-prompt-tokens": args.max_prompt_tokens,
                "--max-n": args.max_n, "--max-tokens": args.max_tokens, "--max-waiting": args.max_waiting + 1,
-               "--timeout": args.timeout, "--port": args.port + 1}
+               "--timeout": args.timeout}
     bad = [f"{flag} = {value}" for flag, value in numbers.items() if not value > 0]
+    if not 0 <= args.port <= 65535:
+        bad.append(f"--port = {args.port}")
     if bad:
         print(f"error: {', '.join(bad)}: must be positive (the port 0 to 65535, --max-waiting 0 or more)", file=sys.stderr)
         return 2

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from envgen.generator import GenerationError, Generated, draw_statistics
 from envgen.schemas import BENCHMARK
 from pipeline.params import BenchmarkSettings, ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
+from pipeline.workers import worker_pool
 
 
 def cell_instances(config: EnvConfig, exclude: frozenset[str]) -> list[Generated]:
@@ -57,7 +58,7 @@ def build_benchmark(settings: BenchmarkSettings, out: Path, exclude: frozenset[s
     draws: dict[str, dict[str, Any]] = {}
     with Progress(sum(c.config.budget for c in cells), "build-benchmark", "instances", progress) as bar:
         drawn: list[Future[list[Generated]] | None] = [None] * len(cells)
-        pool = ProcessPoolExecutor(max_workers=min(workers, len(cells))) if workers > 1 and len(cells) > 1 else None
+        pool = worker_pool(min(workers, len(cells))) if workers > 1 and len(cells) > 1 else None
         try:
             if pool is not None:
                 frozen = frozenset(exclude)
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {args.params} (section benchmark): {e}", file=sys.stderr)
         return 1
     if workers > 1:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
+        with worker_pool(workers) as pool:
             reference = reference_rows(rows, lambda f, xs: pool.map(f, xs, chunksize=32))
     else:
         reference = reference_rows(rows)

@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params, args.set)
         current = EnvConfig.load(args.config)
-        summary = Summary.model_validate_json(args.summary.read_text())
+        summary = Summary.read(args.summary)
         exclude = read_exclusions(args.exclude)
     except (ParamsError, ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)

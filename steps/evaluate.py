@@ -17,18 +17,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
 from envgen.benchmark import cell_table, render_table
-from envgen.files import atomic_write_text
+from envgen.dataset import read_parquet
+from envgen.files import atomic_write_text, expect_mapping, read_json
+from envgen.schemas import TRAJECTORIES
+
+ANSWER_COLUMNS = ("content_hash", "num_agents", "size", "valid", "optimal", "finish_reason", "token_budget",
+                  "optimal_tokens")
+"""What a benchmark rollout must hold for the tables."""
 
 
 def check_disjoint(benchmark: Path, training: list[Path]) -> int:
     """The number of training instances checked; raises ValueError if any is a benchmark instance."""
-    bench = set(pq.read_table(benchmark, columns=["content_hash"]).column("content_hash").to_pylist())
+    bench = set(read_parquet(benchmark, "the benchmark", ["content_hash"]).column("content_hash").to_pylist())
     seen = 0
     for path in training:
-        hashes = pq.read_table(path, columns=["content_hash"]).column("content_hash").to_pylist()
+        hashes = read_parquet(path, "a stage's instances", ["content_hash"]).column("content_hash").to_pylist()
         overlap = bench.intersection(hashes)
         if overlap:
             raise ValueError(f"{path}: {len(overlap)} training instance(s) are in the benchmark, e.g. {sorted(overlap)[0][:16]}")
@@ -46,8 +50,15 @@ def sum_standard_error(agents_table: dict[str, Any]) -> float:
 
 def evaluate(benchmark: Path, trajectories: Path, training: list[Path], reference: Path | None) -> dict[str, Any]:
     """Benchmark metrics of one stage's policy (greedy answers already in ``trajectories``)."""
-    wait_of = {r["content_hash"]: r["wait_subset"] for r in pq.read_table(benchmark, columns=["content_hash", "wait_subset"]).to_pylist()}
-    rows = [{**r, "wait_subset": wait_of[r["content_hash"]]} for r in pq.read_table(trajectories).to_pylist()]
+    wait_of = {r["content_hash"]: r["wait_subset"]
+               for r in read_parquet(benchmark, "the benchmark", ["content_hash", "wait_subset"]).to_pylist()}
+    answers = read_parquet(trajectories, "the stage's benchmark rollout (trajectories)", list(ANSWER_COLUMNS),
+                           TRAJECTORIES).to_pylist()
+    strangers = [r["content_hash"] for r in answers if r["content_hash"] not in wait_of]
+    if strangers:
+        raise ValueError(f"{trajectories}: {len(strangers)} answer(s) to instances that are not in {benchmark} (e.g. "
+                         f"{str(strangers[0])[:16]}); roll out the benchmark itself")
+    rows = [{**r, "wait_subset": wait_of[r["content_hash"]]} for r in answers]
     table = cell_table(rows)
     checked = check_disjoint(benchmark, training)
     cut = [r for r in rows if r.get("token_budget") is not None and r["token_budget"] < r["optimal_tokens"]]
@@ -64,8 +75,29 @@ def evaluate(benchmark: Path, trajectories: Path, training: list[Path], referenc
                "budgets": {"answers": len(rows), "stopped_at_budget": sum(r.get("finish_reason") == "length" for r in rows),
                            "optimal_above_budget": 0}}
     if reference is not None:
-        metrics["reference"] = json.loads(Path(reference).read_text())
+        metrics["reference"] = read_reference(reference)
     return metrics
+
+
+def read_reference(path: Path) -> dict[str, Any]:
+    """The reference rows (build-benchmark's ``reference.json``: per planner, a table per agent count), checked so that
+    the tables render: a mapping of names to mappings."""
+    data = expect_mapping(read_json(path, "reference rows (reference.json)"), path, "reference rows (reference.json)")
+
+    def cell(c: Any) -> bool:
+        return isinstance(c, dict) and all(isinstance(c.get(k), (int, float)) and not isinstance(c.get(k), bool)
+                                           for k in ("acc", "opt"))
+
+    def agents_row(t: Any) -> bool:
+        return (isinstance(t, dict) and isinstance(t.get("sizes"), dict) and isinstance(t.get("wait"), dict)
+                and all(str(n).isdigit() and cell(c) for n, c in t["sizes"].items())
+                and all(cell(c) for c in t["wait"].values()) and cell(t.get("sum")))
+
+    for name, table in data.items():
+        if not isinstance(table, dict) or not all(agents_row(t) for t in table.values()):
+            raise ValueError(f"{path}: the reference {str(name)[:40]!r} is not a table per agent count (sizes, wait "
+                             "subsets and Sum, each with acc and opt); give build-benchmark's reference.json")
+    return data
 
 
 def tables(metrics: dict[str, Any]) -> str:
@@ -95,14 +127,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         metrics = evaluate(args.benchmark, args.trajectories, args.training, args.reference)
-    except (ValueError, OSError, KeyError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    atomic_write_text(args.out_metrics, json.dumps({"bench": metrics["bench"], "bench_size": metrics["bench_size"]},
-                                                   indent=2))
-    if args.out_full is not None:
-        atomic_write_text(args.out_full, json.dumps(metrics, indent=2))
-    atomic_write_text(args.out_table, tables(metrics))
+        # every output made before any is written: a failure leaves none of them half done
+        outputs = {args.out_metrics: json.dumps({"bench": metrics["bench"], "bench_size": metrics["bench_size"]},
+                                                indent=2), args.out_table: tables(metrics)}
+        if args.out_full is not None:
+            outputs[args.out_full] = json.dumps(metrics, indent=2)
+    except (ValueError, OSError, KeyError, RecursionError) as e:
+        print(f"error: {str(e)[:500]}", file=sys.stderr)
+        return 2
+    for path, text in outputs.items():
+        atomic_write_text(path, text)
     print("benchmark: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in metrics["bench"].items()))
     return 0
 

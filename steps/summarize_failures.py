@@ -24,6 +24,11 @@ from envgen.instance import Instance
 from envgen.render import ascii_grid
 
 EXAMPLES_PER_SIZE = 2
+VALIDATION_COLUMNS = ["size", "num_agents", "needs_wait", "instance", "completion", "parsed", "parse_error", "valid",
+                      "optimal", "failure_category", "failure_agent", "failure_step", "soc", "optimal_soc", "reward"]
+INSTANCE_COLUMNS = ["size", "hole_ratio", "needs_wait", "optimal_soc", "soc_gap"]
+COMPLETION_COLUMNS = ["step", "size", "reward", "valid"]
+"""The columns each input must have (the steps that wrote them: rollout, generate-instances, train)."""
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u2028-\u202e]")
 
 
@@ -122,10 +127,17 @@ def summarize(stage: int, config: EnvConfig, instances_path: Path, validation_pa
     """The stage's :class:`Summary` (see :mod:`engineers.summary`)."""
     import polars as pl
 
-    val = pl.read_parquet(validation_path)
-    inst = pl.read_parquet(instances_path)
-    comps = pl.read_parquet(completions_path) if completions_path else None
-    metrics = json.loads(Path(metrics_path).read_text()) if metrics_path else None
+    from envgen.dataset import read_parquet
+    from envgen.files import expect_mapping, read_json
+    from envgen.schemas import COMPLETIONS, INSTANCES, TRAJECTORIES
+
+    val = pl.from_arrow(read_parquet(validation_path, "a validation rollout (trajectories)", VALIDATION_COLUMNS,
+                                     TRAJECTORIES))
+    inst = pl.from_arrow(read_parquet(instances_path, "the stage's instances", INSTANCE_COLUMNS, INSTANCES))
+    comps = pl.from_arrow(read_parquet(completions_path, "the stage's GRPO completions", COMPLETION_COLUMNS,
+                                       COMPLETIONS)) if completions_path else None
+    metrics = expect_mapping(read_json(metrics_path, "train metrics JSON"), metrics_path, "train metrics JSON") \
+        if metrics_path else None
     validation = Validation(overall=rates(val), by_size=_grouped(val, "size"), by_agents=_grouped(val, "num_agents"),
                             by_wait=_grouped(val, "needs_wait", lambda k: "needs_wait" if k else "no_wait"))
     return Summary(stage=stage, config=config, validation=validation, examples=examples(val, config.seed + stage),
@@ -149,7 +161,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         config = EnvConfig.load(args.config)
-        previous = Summary.model_validate_json(args.history.read_text()) if args.history else None
+        previous = Summary.read(args.history) if args.history else None
         summary = summarize(args.stage, config, args.instances, args.validation, args.completions, args.metrics, previous)
     except (ConfigError, FileNotFoundError, KeyError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -183,7 +184,7 @@ def test_every_hostile_answer_becomes_a_valid_next_configuration():
         config = result.config
         assert EnvConfig.parse(json.loads(config.model_dump_json())) == config
         assert config.budget == current.budget and config.num_agents == current.num_agents and config.seed == 1
-        json.dumps(result.log, default=str)
+        assert len(json.dumps(result.log, default=str)) < 50_000  # the log (in git) keeps an excerpt of each answer
 
 
 # ------------------------------------------------------------------------------------------------------------ serve
@@ -415,3 +416,263 @@ def test_random_bytes_never_crash_the_readers(tmp_path, capsys):
         assert run(capsys, "check-plan", "--map", MOVINGAI / "ok.map", "--scen", MOVINGAI / "ok.scen", "--agents", 2,
                    "--plan", path)[0] == 2
         assert run(capsys, "solve", "--map", path, "--scen", MOVINGAI / "ok.scen", "--agents", 2)[0] == 2
+
+
+# ------------------------------------------------------------------------------------ broken files between the steps
+@pytest.fixture(scope="module")
+def stage_files(tmp_path_factory):
+    """A stage's real inputs for summarize-failures and evaluate: a configuration, its instances, answers to them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from envgen.config import EnvConfig
+    from envgen.dataset import generate_verified, write_instances
+    from envgen.schemas import TRAJECTORIES
+
+    root = tmp_path_factory.mktemp("stage")
+    (root / "c.yaml").write_text(GOOD_CONFIG)
+    config = EnvConfig.from_yaml(GOOD_CONFIG)
+    write_instances(root / "i.parquet", generate_verified(config), config)
+    rows = [{"instance_id": r["instance_id"], "content_hash": r["content_hash"], "stage": 0, "sample_index": 0,
+             "size": r["size"], "num_agents": r["num_agents"], "needs_wait": r["needs_wait"], "instance": r["instance"],
+             "completion": "x", "parsed": False, "parse_error": "empty", "valid": False, "optimal": False,
+             "optimal_soc": r["optimal_soc"], "reward": 0.0, "model_id": "m", "seed": 0, "finish_reason": "stop",
+             "token_budget": 60, "optimal_tokens": 30} for r in pq.read_table(root / "i.parquet").to_pylist()]
+    pq.write_table(pa.Table.from_pylist(rows, schema=TRAJECTORIES.schema), root / "v.parquet")
+    (root / "m.json").write_text(json.dumps({"train/trajectories": 0}))
+    return root
+
+
+def broken_parquets(source: Path, root: Path) -> dict[str, Path]:
+    """From the good Parquet ``source``: an empty file, a truncated one, a Parquet of other columns and one whose flags
+    are text, in ``root``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (root / "empty.parquet").write_bytes(b"")
+    good = source.read_bytes()
+    (root / "truncated.parquet").write_bytes(good[: len(good) // 2])
+    pq.write_table(pa.table({"other": [1, 2]}), root / "other.parquet")
+    table = pq.read_table(source)
+    texts = table.set_column(table.column_names.index("valid"), "valid", pa.array(["maybe"] * table.num_rows))
+    pq.write_table(texts, root / "text-flags.parquet")
+    return {name: root / f"{name}.parquet" for name in ("empty", "truncated", "other", "text-flags")}
+
+
+@pytest.mark.parametrize("which", ["--validation", "--instances", "--completions"])
+def test_summarize_failures_names_a_broken_input_file_in_one_line(which, stage_files, capsys, tmp_path):
+    base = {"--stage": 0, "--config": stage_files / "c.yaml", "--instances": stage_files / "i.parquet",
+            "--validation": stage_files / "v.parquet", "--out-json": tmp_path / "s.json", "--out-md": tmp_path / "s.md"}
+    assert run(capsys, "summarize-failures", *[x for kv in base.items() for x in kv])[0] == 0
+    for name, broken in broken_parquets(stage_files / "v.parquet", tmp_path).items():
+        argv = {**base, which: broken, "--out-json": tmp_path / f"{name}.json"}
+        code, _, err = run(capsys, "summarize-failures", *[x for kv in argv.items() for x in kv])
+        assert_one_clear_error(code, err)
+        assert str(broken) in err and not (tmp_path / f"{name}.json").exists(), err
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = run(capsys, "summarize-failures", *[x for kv in {**base, "--metrics": deep}.items() for x in kv])
+    assert_one_clear_error(code, err)
+    assert str(deep) in err
+
+
+def test_evaluate_refuses_a_broken_reference_and_leaves_no_output(stage_files, capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    bench = pq.read_table(stage_files / "i.parquet")
+    bench = bench.append_column("wait_subset", pa.array([0.5] * bench.num_rows, pa.float32()))
+    pq.write_table(bench, tmp_path / "b.parquet")
+    outs = {"--out-metrics": tmp_path / "m.json", "--out-table": tmp_path / "t.md", "--out-full": tmp_path / "f.json"}
+    base = ["evaluate", "--benchmark", tmp_path / "b.parquet", "--trajectories", stage_files / "v.parquet",
+            *[x for kv in outs.items() for x in kv]]
+    deep, shapeless = tmp_path / "deep.json", tmp_path / "shapeless.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000)
+    shapeless.write_text(json.dumps({"cbs": {"3": {"sizes": {"3": "all of them"}}}}))
+    for reference in (deep, shapeless, tmp_path / "missing.json"):
+        code, _, err = run(capsys, *base, "--reference", reference)
+        assert_one_clear_error(code, err)
+        assert str(reference) in err and not any(p.exists() for p in outs.values()), err
+    code, _, err = run(capsys, *base[:3], "--trajectories", stage_files / "i.parquet", *base[5:])
+    assert_one_clear_error(code, err)  # instances where answers belong: named, with what is missing
+    assert "no column" in err and str(stage_files / "i.parquet") in err
+    assert run(capsys, *base)[0] == 0 and all(p.exists() for p in outs.values())
+
+
+def test_a_board_of_30_agents_or_a_large_picture_stays_bounded(capsys, tmp_path):
+    """Text views label agents A to Z: 30 agents is one line naming the limit; a PNG of the largest board is at most
+    4,096 pixels a side (48 pixels a cell would be 49,152: about 7 GB)."""
+    from PIL import Image
+
+    from envgen.instance import MAX_SIDE, Instance
+    from envgen.render import MAX_PNG_SIDE, render_png
+
+    crowd = Instance(tuple("F" * 10 for _ in range(10)), tuple((r, c) for r in range(3) for c in range(10)),
+                     tuple((r, c) for r in range(7, 10) for c in range(10)))
+    (tmp_path / "crowd.txt").write_text(crowd.to_str())
+    assert_one_clear_error(*run(capsys, "render", "--instance-file", tmp_path / "crowd.txt")[::2])
+    large = Instance(tuple("F" * MAX_SIDE for _ in range(MAX_SIDE)), ((0, 0), (1, 1)), ((5, 5), (6, 6)))
+    png = render_png(large, tmp_path / "large.png", title="the largest board")
+    import io
+
+    width, height = Image.open(io.BytesIO(png)).size
+    assert width <= MAX_PNG_SIDE + 1 and height <= MAX_PNG_SIDE + 1 + 22  # the title takes a line of 22 pixels
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_refused_before_anything_loads(port, capsys):
+    code, out, err = run(capsys, "serve", "--model", "no-such-model", "--port", port)
+    assert_one_clear_error(code, err)
+    assert "--port" in err and "serving" not in out
+
+
+def test_pool_workers_end_with_their_parent_when_it_is_killed(tmp_path):
+    """build-benchmark's worker processes (pipeline.workers.worker_pool): SIGKILL the parent and they go too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = ("import time, sys; sys.path.insert(0, %r)\n"
+              "import psutil\n"
+              "from pipeline.workers import worker_pool\n"
+              "pool = worker_pool(2)\n"
+              "futures = [pool.submit(time.sleep, 60) for _ in range(2)]\n"
+              "time.sleep(1); print(' '.join(str(c.pid) for c in psutil.Process().children()), flush=True)\n"
+              "time.sleep(60)\n" % str(Path(__file__).resolve().parents[1]))
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    workers = [int(p) for p in parent.stdout.readline().split()]
+    assert len(workers) == 2 and all(psutil.pid_exists(p) for p in workers)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    gone, alive = psutil.wait_procs([psutil.Process(p) for p in workers if psutil.pid_exists(p)], timeout=10)
+    assert not alive, [p.pid for p in alive]
+
+
+def test_the_solver_and_the_instance_checks_stay_within_their_budgets(tmp_path, capsys):
+    """The solver's time budget counts from its start (the agents' distance tables included) and an instance too large
+    for its tables is given up at once; rows beyond the schema's bounds are not solved by the data check."""
+    import time as clock
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from envgen.cbs import SolverBudget, UnsolvedReason, solve
+    from envgen.instance import Instance
+
+    side = 1024
+    big = Instance(tuple("F" * side for _ in range(side)), tuple((0, c) for c in range(50)),
+                   tuple((side - 1, c) for c in range(50)))
+    began = clock.perf_counter()
+    result = solve(big, SolverBudget(max_seconds=1))
+    assert result.reason is UnsolvedReason.SIZE_BUDGET and clock.perf_counter() - began < 5
+    crowd = Instance(tuple("F" * 60 for _ in range(60)), tuple((r, c) for r in range(20) for c in range(60)),
+                     tuple((r, c) for r in range(40, 60) for c in range(60)))
+    row = {"instance": crowd.to_str(), "content_hash": crowd.content_hash, "size": 60, "num_agents": crowd.num_agents}
+    pq.write_table(pa.Table.from_pylist([row] * 4), tmp_path / "crowd.parquet")
+    began = clock.perf_counter()
+    code, _, err = run(capsys, "validate", "--kind", "instances", tmp_path / "crowd.parquet")
+    assert code != 0 and clock.perf_counter() - began < 60, err[-300:]
+
+
+# --------------------------------------------------------------------------------- endpoints that send too much
+class Raw(BaseHTTPRequestHandler):
+    """An endpoint whose reply the test writes byte by byte (``act``)."""
+
+    act: Any = None
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        try:
+            type(self).act(self)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def raw_endpoint(act) -> tuple[ThreadingHTTPServer, str]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (Raw,), {"act": staticmethod(act)}))
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+def _head(handler, status: int, headers: dict) -> None:
+    handler.send_response(status)
+    for k, v in headers.items():
+        handler.send_header(k, v)
+    handler.end_headers()
+
+
+def gzip_bomb(handler) -> None:
+    import gzip
+
+    payload = gzip.compress(b'{"choices": [{"message": {"content": "' + b"a" * 64_000_000 + b'"}}]}', 9)
+    _head(handler, 200, {"Content-Encoding": "gzip", "Content-Length": str(len(payload))})
+    handler.wfile.write(payload)
+
+
+def endless_500(handler) -> None:
+    _head(handler, 500, {"Content-Type": "text/plain"})
+    for _ in range(100_000):
+        handler.wfile.write(b"x" * 65536)
+
+
+def bad_gzip(handler) -> None:
+    _head(handler, 200, {"Content-Encoding": "gzip", "Content-Length": "12"})
+    handler.wfile.write(b"not gzip at all"[:12])
+
+
+def trickle(handler) -> None:
+    _head(handler, 200, {"Content-Length": "1000"})
+    for _ in range(1000):
+        handler.wfile.write(b" ")
+        handler.wfile.flush()
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("act", [gzip_bomb, endless_500, bad_gzip, trickle], ids=lambda f: f.__name__)
+def test_an_endpoint_that_sends_too_much_or_too_slowly_is_a_bounded_backend_error(act):
+    import tracemalloc
+
+    from policy.backends import BackendError, OpenAIBackend, SamplingParams
+
+    srv, url = raw_endpoint(act)
+    try:
+        client = OpenAIBackend(url, "m", api_key_env=None, timeout_s=3, max_retries=0)
+        tracemalloc.start()
+        began = time.monotonic()
+        with pytest.raises(BackendError):
+            client.generate([[{"role": "user", "content": "hi"}]], 1, SamplingParams(stop=()))
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        assert time.monotonic() - began < 10 and peak < 200_000_000, (time.monotonic() - began, peak)
+    finally:
+        srv.shutdown()
+
+
+def test_the_key_goes_to_no_proxy_and_base_url_holds_no_credentials_or_query(monkeypatch):
+    from policy.backends import BackendError, OpenAIBackend, SamplingParams
+
+    monkeypatch.setenv("HOSTILE_KEY", KEY)
+    proxy, proxy_url, proxy_handler = endpoint({"body": answer_with_key})
+    srv, url, handler = endpoint({"status": 401, "body": lambda h: '{"error": "' + "".join(
+        f"\\u{ord(c):04x}" for c in h.get("Authorization")) + '"}'})  # JSON that spells the key in escapes
+    try:
+        monkeypatch.setenv("HTTP_PROXY", proxy_url.removesuffix("/v1"))
+        monkeypatch.setenv("http_proxy", proxy_url.removesuffix("/v1"))
+        client = OpenAIBackend(url, "m", api_key_env="HOSTILE_KEY", max_retries=0)
+        with pytest.raises(BackendError) as caught:
+            client.generate([[{"role": "user", "content": "hi"}]], 1, SamplingParams(stop=()))
+        assert KEY not in str(caught.value) and "***" in str(caught.value)
+        assert handler.seen and not proxy_handler.seen
+    finally:
+        srv.shutdown()
+        proxy.shutdown()
+    for bad in ("http://user:secret@127.0.0.1:9/v1", "http://127.0.0.1:9/v1?x=1", "http://127.0.0.1:9/v1#frag"):
+        with pytest.raises(ValueError, match="base_url") as caught:
+            OpenAIBackend(bad, "m")
+        assert "secret" not in str(caught.value)

@@ -39,7 +39,8 @@ def test_evaluate_checks_disjointness(bench, tmp_path):
     root, _, _ = bench
     table = pq.read_table(root / "b.parquet")
     rows = [{"instance_id": r["instance_id"], "content_hash": r["content_hash"], "num_agents": r["num_agents"], "size": r["size"],
-             "valid": r["size"] == 3, "optimal": False} for r in table.to_pylist()]
+             "valid": r["size"] == 3, "optimal": False, "finish_reason": "stop", "token_budget": 80,
+             "optimal_tokens": 40} for r in table.to_pylist()]
     traj = tmp_path / "t.parquet"
     pq.write_table(pa.Table.from_pylist(rows), traj)
     train = tmp_path / "train.parquet"
@@ -53,6 +54,11 @@ def test_evaluate_checks_disjointness(bench, tmp_path):
     assert metrics["bench_size"]["3_agents/3x3"] == 1.0 and metrics["bench_size"]["3_agents/4x4"] == 0.0
     assert metrics["bench"]["se/3_agents"] == 0.0
     assert check_disjoint(root / "b.parquet", []) == 0
+    assert metrics["budgets"] == {"answers": len(rows), "stopped_at_budget": 0, "optimal_above_budget": 0}
+    cut = tmp_path / "cut.parquet"  # a budget below an optimal answer: truncation, not planning
+    pq.write_table(pa.Table.from_pylist([{**r, "token_budget": 30} for r in rows]), cut)
+    with pytest.raises(ValueError, match="token budget below their optimal answer"):
+        evaluate(root / "b.parquet", cut, [train], None)
 
 
 def test_the_sums_standard_error_comes_from_each_sizes_binomial_variance():
