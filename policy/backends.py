@@ -12,11 +12,13 @@ Registry :data:`BACKENDS`:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
 import random
 import re
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -182,7 +184,8 @@ class TransformersBackend:
             raise ValueError(f"pad_multiple = {pad_multiple}: must be at least 1")
         self.batch_size, self.cache, self.compile_backend, self.pad_multiple = batch_size, cache, compile_backend, pad_multiple
         self._compiler = None
-        self._grammars: dict[str, Any] = {}
+        self._grammars: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._grammar_lock = threading.Lock()
 
     def _attach(self, loaded: Any) -> None:
         self.loaded = loaded
@@ -194,21 +197,41 @@ class TransformersBackend:
         """Whether generation uses the preallocated (compilable) KV cache."""
         return self.cache == "static" or (self.cache == "auto" and str(self.loaded.device).startswith("cuda"))
 
+    GRAMMAR_CACHE = 32
+    """Compiled JSON-schema grammars kept (the most recently used; a server's clients may send any number)."""
+
+    def compile_schema(self, schema: str) -> Any:
+        """xgrammar's compiled grammar of ``schema``, compiled once and kept among the :data:`GRAMMAR_CACHE` last used;
+        :class:`ConstrainedDecodingUnavailable` when xgrammar is not installed. Safe to call from another thread than
+        the one generating (a server compiles a request's schema before the request takes the model)."""
+        try:
+            import xgrammar as xgr
+        except ImportError:
+            raise ConstrainedDecodingUnavailable(XGRAMMAR_MISSING) from None
+        with self._grammar_lock:
+            if schema in self._grammars:
+                self._grammars.move_to_end(schema)
+                return self._grammars[schema]
+            if self._compiler is None:
+                vocab = self.loaded.model.get_output_embeddings().weight.shape[0]
+                self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(self.loaded.tokenizer,
+                                                                                        vocab_size=vocab))
+        compiled = self._compiler.compile_json_schema(schema, any_whitespace=False)
+        with self._grammar_lock:
+            self._grammars[schema] = compiled
+            while len(self._grammars) > self.GRAMMAR_CACHE:
+                self._grammars.popitem(last=False)
+        return compiled
+
     def _logits_processor(self, schema: str | None):
         """An xgrammar logits processor for ``schema``, or None without a schema; :class:`ConstrainedDecodingUnavailable`
         when xgrammar is not installed (answering unconstrained would silently change what the caller asked for)."""
         if schema is None:
             return None
-        try:
-            import xgrammar as xgr
-        except ImportError:
-            raise ConstrainedDecodingUnavailable(XGRAMMAR_MISSING) from None
-        if self._compiler is None:
-            vocab = self.loaded.model.get_output_embeddings().weight.shape[0]
-            self._compiler = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(self.loaded.tokenizer, vocab_size=vocab))
-        if schema not in self._grammars:
-            self._grammars[schema] = self._compiler.compile_json_schema(schema, any_whitespace=False)
-        return xgr.contrib.hf.LogitsProcessor(self._grammars[schema])
+        compiled = self.compile_schema(schema)
+        import xgrammar as xgr
+
+        return xgr.contrib.hf.LogitsProcessor(compiled)
 
     def prompt_text(self, conversation: Conversation) -> str:
         return self.loaded.tokenizer.apply_chat_template(conversation, add_generation_prompt=True, tokenize=False)

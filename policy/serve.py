@@ -24,6 +24,7 @@ import sys
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -43,6 +44,11 @@ class ServeLimits:
         max_tokens: most new tokens per completion.
         max_waiting: requests that may wait for the model beside the one it serves; more get 429.
         timeout_s: longest a generation may run; its client then gets 504 and the model is freed.
+        read_timeout_s: longest a client may take to send its request line and headers, and then its body; the
+            connection is closed (headers) or answered 408 (body) after it.
+        schema_timeout_s: longest a ``response_format`` schema's grammar may take to compile (outside the model's
+            lock, one at a time); the request then gets 400.
+        max_schema_nodes: most objects, lists and values a ``response_format`` schema may hold.
     """
 
     max_body_bytes: int = 1_000_000
@@ -51,6 +57,9 @@ class ServeLimits:
     max_tokens: int = 2048
     max_waiting: int = 64
     timeout_s: float = 300.0
+    read_timeout_s: float = 30.0
+    schema_timeout_s: float = 20.0
+    max_schema_nodes: int = 1000
 
 
 class Message(BaseModel):
@@ -115,16 +124,24 @@ class RequestError(ValueError):
         self.param, self.status = param, status
 
 
-def check_schema(schema: dict[str, Any]) -> str:
-    """The JSON schema as text, if it is one constrained decoding can take: a valid schema, under 50 KB, without
-    ``$ref`` (recursive schemas are not supported) and at most 32 levels deep."""
+def check_schema(schema: dict[str, Any], max_nodes: int = ServeLimits.max_schema_nodes) -> str:
+    """The JSON schema as text, if it is one constrained decoding can take: a valid schema, under 50 KB, of at most
+    ``max_nodes`` values (a grammar's compilation grows with them: 1,800 empty properties took 39 s), without ``$ref``
+    (recursive schemas are not supported) and at most 32 levels deep."""
     import jsonschema
 
     text = json.dumps(schema)
     if len(text) > 50_000:
         raise RequestError("response_format.json_schema.schema: larger than 50 KB", "response_format")
 
+    count = 0
+
     def walk(node: Any, depth: int) -> None:
+        nonlocal count
+        count += 1
+        if count > max_nodes:
+            raise RequestError(f"response_format.json_schema.schema: more than {max_nodes} values; simplify the schema",
+                               "response_format")
         if depth > 32:
             raise RequestError("response_format.json_schema.schema: nested deeper than 32 levels", "response_format")
         if isinstance(node, dict):
@@ -167,7 +184,7 @@ def parse_request(body: Any, limits: ServeLimits = ServeLimits()) -> tuple[list[
     if request.response_format is not None and request.response_format.type == "json_schema":
         if request.response_format.json_schema is None:
             raise RequestError("response_format.json_schema.schema: required with type json_schema", "response_format")
-        schema = check_schema(request.response_format.json_schema.schema_)
+        schema = check_schema(request.response_format.json_schema.schema_, limits.max_schema_nodes)
     try:
         params = SamplingParams(max_new_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
                                 seed=request.seed, stop=tuple(request.stop or ()), json_schema=schema)
@@ -184,9 +201,15 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
                         headers=headers)
 
 
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+"""The Host names a server without an API key answers (and the address it was bound to, when that is one)."""
+
+
 def make_app(backend: Backend, served_name: str | None = None, api_key: str | None = None,
-             limits: ServeLimits = ServeLimits()) -> Any:
-    """The FastAPI application serving ``backend``."""
+             limits: ServeLimits = ServeLimits(), host: str = "127.0.0.1") -> Any:
+    """The FastAPI application serving ``backend``. Without ``api_key`` it answers only requests addressed (``Host``)
+    to a loopback name or to ``host``: a web page in the user's browser can then neither reach it by a DNS name that
+    points at this machine (DNS rebinding) nor, since a request must be JSON, post to it across sites."""
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -194,6 +217,20 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
     app = FastAPI(title="env-engineer serve", docs_url=None, redoc_url=None, openapi_url=None)
     model_lock = asyncio.Lock()
     state = {"waiting": 0}
+    compiler = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar")  # one compilation at a time
+    compiling = asyncio.Semaphore(1)
+
+    async def compile_outside_the_lock(compile_schema: Any, schema: str) -> None:
+        """Compile a request's grammar before it takes the model, within ``schema_timeout_s`` (waiting for another
+        compilation counts); a compilation that overruns goes on alone in its thread, and the request gets 400."""
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(limits.schema_timeout_s):
+                async with compiling:
+                    await asyncio.shield(loop.run_in_executor(compiler, compile_schema, schema))
+        except TimeoutError:
+            raise RequestError(f"response_format: its grammar did not compile within {limits.schema_timeout_s:g} s; "
+                               "simplify the schema", "response_format") from None
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
@@ -203,9 +240,12 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
     async def server_error(request: Request, exc: Exception) -> Any:  # a bug, said in one line, never a dropped connection
         return _error(500, f"internal error: {type(exc).__name__}: {str(exc)[:200]}", "server_error")
 
+    hosts = LOOPBACK_NAMES | ({host} if host not in ("0.0.0.0", "::", "") else set())
+
     def authorised(request: Request) -> bool:
         if api_key is None:
-            return True
+            name = request.headers.get("host", "").rsplit(":", 1)[0].strip("[]").lower()
+            return name in hosts
         given = request.headers.get("authorization", "")
         return hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode())
 
@@ -217,25 +257,52 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
     @app.get("/models")
     async def models(request: Request) -> Any:
         if not authorised(request):
-            return _error(401, "missing or wrong API key", "authentication_error")
+            return _error(401, "missing or wrong API key (or, without one, a Host that is not this machine's)",
+                          "authentication_error")
         return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "env-engineer"}]}
 
     async def read_body(request: Request) -> bytes:
+        """The body, at most ``max_body_bytes`` of it, within ``read_timeout_s`` (a body announced longer than it is,
+        or sent a byte at a time, gets 408)."""
         declared = request.headers.get("content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
             raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
         data = bytearray()
-        async for chunk in request.stream():
+        chunks = request.stream().__aiter__()
+        deadline = time.monotonic() + limits.read_timeout_s
+        while True:
+            try:
+                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, deadline - time.monotonic()))
+            except StopAsyncIteration:
+                return bytes(data)
+            except asyncio.TimeoutError:
+                raise RequestError(f"the body did not arrive within {limits.read_timeout_s:g} s", status=408) from None
             data += chunk
             if len(data) > limits.max_body_bytes:
                 raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
-        return bytes(data)
+
+    def busy() -> Any:
+        """429 when the waiting room is full, else None."""
+        if model_lock.locked() and state["waiting"] >= limits.max_waiting:
+            return _error(429, f"the server is busy ({state['waiting']} requests waiting); retry shortly",
+                          "rate_limit_error", headers={"Retry-After": "1"})
+        return None
 
     @app.post("/v1/chat/completions")
     @app.post("/chat/completions")
     async def chat(request: Request) -> Any:
+        from starlette.requests import ClientDisconnect
+
         if not authorised(request):
-            return _error(401, "missing or wrong API key", "authentication_error")
+            return _error(401, "missing or wrong API key (or, without one, a Host that is not this machine's)",
+                          "authentication_error")
+        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if kind != "application/json":
+            return _error(415, "send the request as Content-Type: application/json")
+        full = busy()  # before any work on the request: a full room costs nothing more
+        if full is not None:
+            return full
+        loop = asyncio.get_running_loop()
         try:
             raw = await read_body(request)
             try:
@@ -244,16 +311,23 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
                 raise RequestError("the body is not JSON") from None
             messages, n, params = parse_request(body, limits)
             counter = getattr(backend, "prompt_tokens", None)
-            if counter is not None:
-                length = counter(messages)
+            if counter is not None:  # tokenizing a long prompt takes a while: not on the event loop
+                length = await loop.run_in_executor(None, counter, messages)
                 if length > limits.max_prompt_tokens:
                     raise RequestError(f"messages: the prompt takes {length:,} tokens; at most {limits.max_prompt_tokens:,}",
                                        "messages")
+            compile_schema = getattr(backend, "compile_schema", None)
+            if params.json_schema is not None and compile_schema is not None:
+                await compile_outside_the_lock(compile_schema, params.json_schema)
+        except ClientDisconnect:  # it left while sending its body: nobody to answer
+            return _error(499, "the client left while sending its request", "cancelled")
+        except ConstrainedDecodingUnavailable as e:
+            return _error(400, f"response_format: {e}", "invalid_request_error", "response_format")
         except RequestError as e:
             return _error(e.status, str(e), "invalid_request_error", e.param)
-        if model_lock.locked() and state["waiting"] >= limits.max_waiting:
-            return _error(429, f"the server is busy ({state['waiting']} requests waiting); retry shortly",
-                          "rate_limit_error", headers={"Retry-After": "1"})
+        full = busy()
+        if full is not None:
+            return full
         state["waiting"] += 1
         try:
             await model_lock.acquire()
@@ -316,10 +390,34 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
     return app
 
 
+def header_timeout_protocol(seconds: float) -> type:
+    """uvicorn's h11 protocol (passed as its ``http`` class) that closes a connection which has not sent a whole
+    request line and headers within ``seconds`` of opening: a client that connects and stays silent, or sends its
+    headers a byte at a time, no longer holds a connection for ever (uvicorn's keep-alive timeout bounds the silence
+    after an answer; the app bounds a body's)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutProtocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._header_timer = self.loop.call_later(seconds, self._headers_late)
+
+        def _headers_late(self) -> None:
+            if self.cycle is None and not self.transport.is_closing():  # no request has arrived whole
+                self.transport.close()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
 class RunningServer:
     """A uvicorn server in a background thread (tests, benchmarks): ``url`` once started, ``stop()`` to end it."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0,
+                 read_timeout_s: float = ServeLimits.read_timeout_s) -> None:
         import socket
 
         import uvicorn
@@ -327,7 +425,8 @@ class RunningServer:
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off",
+                                                    http=header_timeout_protocol(read_timeout_s)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30
@@ -410,6 +509,7 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     print(f"serving {backend.model_id} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", flush=True)
-    uvicorn.run(make_app(backend, args.served_name, key, limits), host=args.host, port=args.port, log_level="warning",
-                timeout_keep_alive=30)
+    uvicorn.run(make_app(backend, args.served_name, key, limits, args.host), host=args.host, port=args.port,
+                log_level="warning", timeout_keep_alive=30, http=header_timeout_protocol(limits.read_timeout_s),
+                h11_max_incomplete_event_size=64 * 1024)
     return 0

@@ -206,7 +206,7 @@ def raw_request(url: str, body: bytes, path: str = "/v1/chat/completions", heade
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)
-    head = {"Host": "x", "Content-Type": "application/json", "Connection": "close", "Content-Length": str(len(body)),
+    head = {"Host": "127.0.0.1", "Content-Type": "application/json", "Connection": "close", "Content-Length": str(len(body)),
             **(headers or {})}
     data = f"POST {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in head.items()).encode() + b"\r\n" + body
     with socket.create_connection((parts.hostname, parts.port), timeout=timeout) as sock:
@@ -259,7 +259,7 @@ def test_an_abandoned_generation_frees_the_model(server):
 
     parts = urlsplit(server.url)
     sock = socket.create_connection((parts.hostname, parts.port), timeout=30)
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
     deadline = time.monotonic() + 30
     while not httpx.get(f"{server.url[:-3]}/health").json()["busy"] and time.monotonic() < deadline:
@@ -676,3 +676,36 @@ def test_the_key_goes_to_no_proxy_and_base_url_holds_no_credentials_or_query(mon
         with pytest.raises(ValueError, match="base_url") as caught:
             OpenAIBackend(bad, "m")
         assert "secret" not in str(caught.value)
+
+
+def test_silent_and_slow_clients_are_cut_off_and_the_server_answers_others(tiny_model_dir):
+    """A connection that sends nothing, headers a byte at a time, or a body shorter than it announced: closed, or
+    answered 408, within the read timeout; meanwhile /health answers."""
+    import httpx
+
+    from policy.backends import TransformersBackend
+    from policy.serve import RunningServer, ServeLimits, make_app
+
+    backend = TransformersBackend(str(tiny_model_dir), device="cpu", batch_size=1, threads=1)
+    running = RunningServer(make_app(backend, "tiny", None, ServeLimits(read_timeout_s=1.0)), read_timeout_s=1.0)
+    try:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(running.url)
+        silent = [socket.create_connection((parts.hostname, parts.port), timeout=10) for _ in range(20)]
+        slow = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        slow.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHo")
+        short = socket.create_connection((parts.hostname, parts.port), timeout=10)
+        short.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 999999\r\n\r\n{\"messages\": ")
+        assert httpx.get(running.url.removesuffix("/v1") + "/health", timeout=10).status_code == 200
+        began = time.monotonic()
+        for sock in [*silent, slow]:
+            assert sock.recv(100) == b""  # closed by the server
+        reply = short.recv(1000)
+        assert b" 408 " in reply.split(b"\r\n")[0] and time.monotonic() - began < 8, reply[:100]
+        for sock in [*silent, slow, short]:
+            sock.close()
+        assert httpx.post(f"{running.url}/chat/completions", json=HELLO, timeout=60).status_code == 200
+    finally:
+        running.stop()
