@@ -13,6 +13,7 @@ from types import ModuleType
 
 def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     """``name -> (help, module, arguments function, run function)`` for every subcommand."""
+    from env_engineer import reference
     from envgen import commands as testbed
     from pipeline.params import ENGINEER_LINES
     from experiments import compare, report, sensitivity
@@ -70,6 +71,9 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                          testbed, "add_diff_arguments", "run_diff"),
         # the policy
         "serve": ("Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve, *step),
+        # the project's own reference
+        "reference": ("Write docs/reference/ (settings, configuration, datasets, commands) from the code, or check it.",
+                      reference, *step),
     }
 
 

@@ -43,7 +43,7 @@ class CBSOptions:
             split raises neither agent's cost, or ``"all"``, semi-cardinal ones too, adopting the child whose agent
             keeps its cost (the generator's versions 2 and 3). On random-32-32-10 random-1 at 93 agents ``"all"`` took
             17,868 nodes where ``"non-cardinal"`` takes 5,638 (no bypass: 5,773), while the even scenarios need bypasses
-            (docs/solver.md, "Bypasses on non-cardinal conflicts only").
+            (docs/lab-notes/solver.md, "Bypasses on non-cardinal conflicts only").
         target_reasoning: resolve an agent standing on its goal with length constraints (it settles by ``t`` and
             nobody enters its goal from ``t`` on, or it settles after ``t``) instead of two vertex constraints.
         rectangle_reasoning: resolve the conflicts of two agents crossing an open rectangle with barrier constraints
@@ -67,7 +67,7 @@ class CBSOptions:
             CBSH2-RTC's random choice among equals. Within a pair the earliest of its best conflicts is split either
             way. Which conflict is split first can decide whether a large instance takes a second or minutes, in
             both directions: over twelve MovingAI scenarios neither rule solved more agents within 10 s on every one
-            (docs/solver.md), so the default keeps the plans the generator has always stored.
+            (docs/lab-notes/solver.md), so the default keeps the plans the generator has always stored.
         rectangle_starts: with rectangle_reasoning, also the rectangles of two agents that have moved every step
             since their starts on the two side lines of a corner, with barriers reaching back to the starts (the second
             split of :mod:`envgen.cbs_rectangle`, sound for any paths). Off: the first split only, as the generator's
@@ -82,7 +82,7 @@ class CBSOptions:
             ``SolverBudget.max_joint_states``), CBS resumed for more nodes between rounds, so whichever search
             decides the group first ends the solve. Off: one round with the whole budget, then CBS (the generator's
             versions 2 and 3): a group CBS would solve in a few more nodes waited for the whole joint search first
-            (2.8 s against 0.07 s in rounds on one five-agent 10x10 draw; docs/solver.md).
+            (2.8 s against 0.07 s in rounds on one five-agent 10x10 draw; docs/lab-notes/solver.md).
     """
 
     prioritize_conflicts: bool = True

@@ -19,7 +19,7 @@ solvable instance, so it is counted and reported, never silent); rejected as the
 a **duplicate** of an earlier or excluded instance (e.g. the benchmark's); or no placement for the starts and goals.
 The counts of a stage go into its instances file (:func:`draw_statistics`) and the reports of the steps that write
 one. The default budget decides 999 of 1,000 draws of 5 agents on 10x10 boards with half the cells holes (solved or
-proved unsolvable; docs/solver.md); its limits count work, not time (the time limit is a safety net), so a stage is
+proved unsolvable; docs/lab-notes/solver.md); its limits count work, not time (the time limit is a safety net), so a stage is
 the same on every machine. Earlier versions (:data:`GENERATOR_VERSIONS`) stay available, so a file regenerates byte for byte.
 
 Every draw of slot ``index`` comes from one random stream seeded by ``(seed, index)``, so a stage is reproducible and an
@@ -98,7 +98,7 @@ GENERATOR_VERSIONS: dict[int, GeneratorVersion] = {
 """Every version the generator can still produce, byte for byte. Version 1 (plain CBS, :mod:`envgen.cbs_v1`, 2,000
 nodes or 5 s per draw) is kept for the files written with it, such as the starting policy's demonstrations. Versions
 2 and 3 count work, not time (the time limit only guards against a runaway solve): their node and state limits
-decide every draw of the measured distributions (docs/solver.md), so a stage is the same on every machine."""
+decide every draw of the measured distributions (docs/lab-notes/solver.md), so a stage is the same on every machine."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""``env-engineer prefect-ready``: wait until a Prefect server answers, so that a script (or the README's block) that
+"""``env-engineer prefect-ready``: wait until a Prefect server answers, so that a script (or the block in docs/guide/prefect.md) that
 starts ``prefect server start &`` can go on with ``work-pool create`` and ``deploy`` instead of failing with a
 connection error while the server is still starting (10-20 s on a small machine)."""
 

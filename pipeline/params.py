@@ -148,47 +148,28 @@ class TrainSettings(_Section):
     sft_learning_rate: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate.")
     sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
     sft_micro_batch_size: int | None = Field(
-        None, ge=1, description="Warm-start examples per forward/backward pass (None: sft_batch_size, or with N "
-        "data-parallel processes sft_batch_size / N each); a step "
-        "accumulates gradients over sft_batch_size / sft_micro_batch_size passes (memory, not maths: on the CPU "
-        "preset 2 instead of 8 took the warm start's peak from 8.6 to 3.4 GB, same losses, same time).")
+        None, ge=1, description="Examples per forward/backward pass of the supervised pass (None: the whole batch, or "
+        "with N data-parallel processes an N-th of it); a step accumulates gradients over the passes: memory, not "
+        "maths.")
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
-    sft_group_by_length: bool = Field(False, description="Draw each warm-start batch from demonstrations of similar "
-                                      "length (transformers' group_by_length sampler): less padding, same data, other "
-                                      "batches. For the starting policy's warm start on an H200: steady steps 1.3x "
-                                      "faster when compiled, no faster end to end (with CUDA graphs, compilations and "
-                                      "recordings recurred through the run), 6.6 points less held-out validity "
-                                      "(docs/benchmarks.md).")
+    sft_group_by_length: bool = Field(False, description="Draw each supervised batch from demonstrations of similar "
+        "length (less padding, other batches); measured worse than random batches (docs/lab-notes/benchmarks.md).")
     sft_padding_free: bool = Field(
-        False, description="Warm-start batches without padding: a batch's demonstrations are laid end to end in one "
-        "row and attend only within themselves (TRL's padding_free; on CUDA through sft_packed_attention). The same "
-        "examples per step and the same loss as padded batches; no tokens spent on padding. For the starting policy's "
-        "warm start on an H200 (compiled layers, CUDA graphs, varlen attention): steady steps 1.3-1.7x faster than "
-        "padded batches (a third of whose tokens are padding), 113-164 s of training against 199-221 s in the same "
-        "machine hold, held-out validity 53.0-56.1 against 53.9-56.5 (docs/benchmarks.md). Off by default: the "
-        "starting policy was trained padded, and the CPU gains nothing from it.")
+        False, description="Supervised batches without padding: a batch's demonstrations laid end to end in one row, "
+        "each attending only within itself (TRL's padding_free; on CUDA through sft_packed_attention). The same "
+        "examples and loss as padded batches.")
     sft_packed_attention: Literal["flex", "varlen"] = Field(
-        "varlen", description="Attention over padding-free warm-start batches (sft_padding_free) on CUDA: 'varlen' "
-        "(PyTorch's variable-length attention, FlashAttention-2 kernels: no mask, the demonstrations' boundaries only, "
-        "and batch shapes that depend only on the padded row; policy/packed_attention.py; needs torch 2.10 or later) "
-        "or 'flex' (transformers' flex attention with a block mask per batch: 1.5x slower per step than padded "
-        "batches on an H100). Elsewhere the model's own attention. A padding-free row is padded as a whole to a "
-        "multiple of pad_to_multiple_of ('auto': 2048 when compiled; 128 gave each row a width of its own, compiled "
-        "and recorded again; docs/benchmarks.md).")
+        "varlen", description="Attention over padding-free supervised batches on CUDA: 'varlen' (PyTorch's "
+        "variable-length attention; policy/packed_attention.py) or 'flex' (transformers' flex attention with a block "
+        "mask); elsewhere the model's own.")
     sft_drop_last: bool = Field(
-        False, description="Leave out each warm-start epoch's last batch when it is short (fewer than sft_batch_size "
-        "demonstrations; a different few each epoch, as the order is reshuffled). A compiled warm start otherwise "
-        "compiles its layers and records CUDA graphs again for the short batch's shape: 25 s of the 50,000-"
-        "demonstration recipe on an H200 with a cold compile cache, 5-6 s warm (docs/benchmarks.md).")
+        False, description="Leave out each supervised epoch's last batch when it is short (a different few "
+        "demonstrations each epoch), so a compiled pass is not compiled again for its shape.")
     sft_label_selection: Literal["mask", "index"] = Field(
-        "mask", description="How a warm-start pass finds the positions its loss is taken at: 'mask', TRL's fused LM "
-        "head selecting them on the GPU with the labels' mask (a selection whose size the CPU must read, four times a "
-        "step: the CPU waits for the GPU before it can issue the backward pass), or 'index', the collator listing them "
-        "beside the training loop and the head taking them by index (policy/label_index.py; nothing read on the step; "
-        "the same loss, entropy and accuracy as 'mask'). 'index' needs a plain LM head (no logit scaling or "
-        "soft-capping: Llama, Qwen, SmolLM2) and, when the warm start is compiled, compile_scope 'layers'. With "
-        "compile_mode 'decoder-graph' on an H200, a warm compilation cache: 1.05-1.10x the training speed of 'mask' for "
-        "the same seed (docs/benchmarks.md).")
+        "mask", description="How a supervised pass finds the positions its loss is taken at: 'mask' (TRL's fused LM "
+        "head, by the labels' mask) or 'index' (the collator lists them, the head takes them by index: nothing read "
+        "from the GPU on a step; policy/label_index.py). 'index' needs a plain LM head and, compiled, compile_scope "
+        "'layers'.")
     sft_loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="Processes that collate the warm start's batches (padding, masks) beside the training "
         "loop (transformers' dataloader_num_workers; the same batches in the same order): 'auto' is 2 on CUDA, where "
@@ -227,64 +208,35 @@ class TrainSettings(_Section):
         "train.seed (the base model's behaviour), or 'start', the shared starting policy (data/start/adapter, the start "
         "section), whose LoRA shape then replaces lora_r, lora_alpha and lora_targets.")
     gradient_checkpointing: bool | Literal["auto"] = Field(
-        "auto", description="Recompute activations in the backward pass (less memory, about 1/3 more compute). 'auto': "
-        "on for CUDA models of 1B parameters or more, off otherwise (docs/benchmarks.md: 1.61x faster without it for "
-        "the embedded model's shape on an H100).")
+        "auto", description="Recompute activations in the backward pass (less memory, more compute); 'auto': on for "
+        "CUDA models of 1B parameters or more, off otherwise.")
     lora_autocast: bool | Literal["auto"] = Field(
         "auto", description="On CUDA, LoRA layers take the bfloat16 activations as they are under the trainer's "
-        "autocast, so their products run in bfloat16 on tensor cores; the adapter's weights stay float32 for the "
-        "optimizer. Off, PEFT casts every LoRA layer's input to float32 and autocast casts it back (two copies of the "
-        "activations per layer and pass), and GRPO's backend sampling, outside autocast, multiplies in float32. GRPO "
-        "uses it only when it samples through the project's backend (grpo_generation), which enters autocast itself, or "
-        "through vllm-lora. "
-        "'auto' or true: on CUDA; ignored on the CPU. Measured on an H200 for the embedded model: GRPO training passes "
-        "1.2x faster, warm start 1.12x, the same losses (docs/benchmarks.md).")
+        "autocast instead of casting them to the adapter's float32 (PEFT's disable_input_dtype_casting); 'auto': on "
+        "with the project's GRPO samplers.")
     grpo_generation: Literal["auto", "trl", "backend", "vllm-lora", "vllm-merged"] = Field(
-        "auto", description="Who samples GRPO's completions: 'trl' (TRL's padded generate, or vLLM with use_vllm), "
-        "'backend' (the project's transformers backend: static KV cache and compiled decode on CUDA; "
-        "policy/grpo_rollout.py), 'vllm-lora' (CUDA with vLLM, one trainer process: a vLLM engine of the base "
-        "model, taking vllm_gpu_memory of the GPU, applies the trainer's adapter as vLLM LoRA, saved afresh every "
-        "generation cycle: no merge, no weight sync; 1.14-1.26x the backend's steady trajectories/s for the embedded "
-        "model on an H200 but 60-100 s more to start, docs/benchmarks.md), 'vllm-merged' (as vllm-lora, but the engine, "
-        "in the trainer's process, gets the base weights with the adapter merged in every generation cycle and decodes "
-        "without LoRA; the trainer's own weights stay unmerged; 142-144 steady trajectories/s against vllm-lora's "
-        "123-140 for the embedded model on one H200, then 144-169 with token ids only and one weight load), 'auto' "
-        "(backend on CUDA unless vLLM is used, else trl).")
+        "auto", description="Who samples GRPO's completions: 'trl' (TRL's own generate, or vLLM with use_vllm), "
+        "'backend' (the project's transformers backend: a static, compiled cache on CUDA), 'vllm-lora' (a vLLM engine "
+        "of the base model with the adapter as vLLM LoRA), 'vllm-merged' (the same engine given the merged weights "
+        "each cycle); 'auto': 'backend' on CUDA without vLLM, else TRL's.")
     continuous_batching: bool = Field(
-        False, description="GRPO generates with transformers' continuous batching engine (paged KV cache; TRL's "
-        "use_transformers_continuous_batching) instead of padded generate. Ignored with vLLM. Measured 1.4x slower on an "
-        "H100 for the embedded model's shape with full-length completions (docs/benchmarks.md).")
+        False, description="GRPO generates with transformers' continuous batching engine (TRL's "
+        "use_transformers_continuous_batching) instead of padded batches; measured slower "
+        "(docs/lab-notes/benchmarks.md).")
     torch_compile: bool | Literal["sft", "grpo"] = Field(
-        False, description="torch.compile the model for the training passes (TrainingArguments.torch_compile): true for "
-        "both phases, 'sft' for the warm start only, 'grpo' for GRPO only. On an H100 with batches padded to multiples "
-        "of 128 the warm start's steps ran 1.6x faster after one compilation of about 3 minutes (Qwen3-4B, SmolLM2), "
-        "so 'sft' pays from a few hundred steps on. GRPO steps ran slower with the whole model compiled; with compile_scope 'layers' and GRPO "
-        "sampling through vllm-lora, a training-only GRPO step ran 1.31x faster on an H200 (the embedded model, passes of "
-        "128; docs/benchmarks.md). Not measured with the backend sampler, whose decode would run through the compiled "
-        "layers.")
+        False, description="torch.compile the training passes: true for both phases, 'sft' for the supervised pass "
+        "only, 'grpo' for GRPO's only (compile_scope and compile_mode say how).")
     attention_kernel: Literal["auto", "efficient"] = Field(
-        "auto", description="The training passes' SDPA kernel on CUDA: 'auto' (PyTorch's choice: cuDNN's on an H100) or "
-        "'efficient' (PyTorch's memory-efficient kernel, then flash, then math; never cuDNN). cuDNN's attention spent "
-        "about 3 ms of CPU per call in a profiled warm-start step of the embedded model (a third of the step's CPU "
-        "time, the GPU waiting on it; docs/benchmarks.md).")
+        "auto", description="The training passes' attention kernel on CUDA: 'auto' (PyTorch's choice) or 'efficient' "
+        "(the memory-efficient, then flash, then math kernels; not cuDNN's).")
     compile_scope: Literal["model", "layers"] = Field(
         "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
         "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
         "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
     compile_mode: Literal["default", "reduce-overhead", "decoder-graph"] = Field(
-        "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'decoder-graph' (with "
-        "compile_scope 'layers': the layers compiled in the default mode, and each padding-free warm-start row's pass "
-        "through the whole decoder, every layer forward and backward, replayed as two CUDA graphs per row width, "
-        "captured on the width's first pass; policy/decoder_graph.py; no gradient checkpointing; other passes as "
-        "'default'; the starting policy's warm start on an H200: 1.12-1.13x 'reduce-overhead' for the same seed, "
-        "118.3-144.8 s of training, validity within 2 points; docs/benchmarks.md), or 'reduce-overhead' "
-        "(CUDA graphs: each compiled region's kernels replayed as one graph per shape, so the CPU no longer launches "
-        "them one by one; more GPU memory, one graph per padded shape). Only on CUDA; a step whose GPU waits on the "
-        "CPU (ENV_ENGINEER_TRAIN_PROFILE's gpu_busy_share well below 1) is what it can shorten. The starting policy's "
-        "warm start on an H200 (compiled layers, efficient attention): steps of 0.175 s against 0.20 s, 271-319 s of "
-        "training against 313-363 s, held-out validity within 2 points of the shipped adapter; with warm-start batches "
-        "of 256 (padded to multiples of 64) it ran out of the H200's memory (39 of 136 GiB in the graphs' pools; "
-        "docs/benchmarks.md).")
+        "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'reduce-overhead' "
+        "(CUDA graphs) or 'decoder-graph' (with compile_scope 'layers': a padding-free supervised row's pass through "
+        "the whole decoder replayed as two CUDA graphs per row width; policy/decoder_graph.py).")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
@@ -377,8 +329,8 @@ class RolloutSettings(_Section):
                                    "take (weights, activations, KV cache); lower it when experiments share a GPU.")
     vllm_kv_cache_gib: float | None = Field(
         None, gt=0, description="vllm backend: reserve this many GiB for the KV cache and skip vLLM's memory "
-        "profiling (None: size the cache from vllm_gpu_memory by profiling). Set it when several processes share one "
-        "GPU: the profiling stops with 'Error in memory profiling' when another process frees memory meanwhile.")
+        "profiling (None: profile and size it from vllm_gpu_memory); set it when several processes share one GPU, "
+        "whose memory changes while vLLM profiles.")
     base_url: str | None = Field(None, description="openai backend: the endpoint, e.g. http://127.0.0.1:8000/v1.")
     api_key_env: str | None = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding "
                                     "the key (null, or a variable that is not set: no Authorization header, as for a "

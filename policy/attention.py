@@ -4,7 +4,7 @@ With a static cache every decode step carries an attention mask (the cache's unf
 fused SDPA kernels take grouped-query attention (fewer key/value heads than query heads) only without a mask. Older
 transformers releases (5.17, on the GPU image these measurements come from) then copy every layer's keys and values ``heads / kv_heads`` times
 per step (``repeat_kv``): for Qwen3-4B at batch 256 and 512 cached tokens that is about 2 GB per layer per step, and it
-made the static (compiled) path slower than the dynamic one there (docs/benchmarks.md). Newer releases avoid the copy
+made the static (compiled) path slower than the dynamic one there (docs/lab-notes/benchmarks.md). Newer releases avoid the copy
 in eager mode but not under ``torch.compile``.
 
 :func:`grouped_decode_sdpa` computes the same attention without the copy when one token is decoded: the ``n_rep``
@@ -28,7 +28,7 @@ DECODE_KERNELS = ("auto", "sdpa", *_SDPA_BACKENDS)
 """Kernels the grouped decode step may be pinned to (:func:`set_decode_kernel`): an SDPA kernel by name, ``sdpa`` for
 PyTorch's own choice (cuDNN's flash attention on H100/H200 cards), or ``auto``: the memory-efficient kernel on CUDA
 (1.20x and 1.31x cuDNN's tokens/s for the embedded model's shape at batch 512 on an H200, 1.04x for Qwen3-4B's at 256 on
-an H100: docs/benchmarks.md), PyTorch's choice elsewhere. A kernel that cannot take the call (its mask, dtype or
+an H100: docs/lab-notes/benchmarks.md), PyTorch's choice elsewhere. A kernel that cannot take the call (its mask, dtype or
 device) makes PyTorch raise rather than fall back."""
 
 _decode_kernel = "auto"

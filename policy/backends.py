@@ -451,7 +451,7 @@ class VLLMBackend:
         (:func:`check_budgets`), its request's ``max_tokens``."""
         # one seed per conversation, params.seed + i * n (its samples then take the next n - 1), so that no two
         # conversations share a noise stream; vLLM's sampler draws seeded requests' noise one request at a time,
-        # which cost about 1% of Qwen3-4B's decode at batch 512 (docs/benchmarks.md)
+        # which cost about 1% of Qwen3-4B's decode at batch 512 (docs/lab-notes/benchmarks.md)
         check_budgets(budgets, conversations)
         seeds = [params.seed + i * n for i in range(len(conversations))]
         caps = budgets if budgets is not None else [params.max_new_tokens] * len(conversations)

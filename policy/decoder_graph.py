@@ -3,7 +3,7 @@
 With each decoder layer compiled on its own and CUDA graphs per layer (``compile_mode: reduce-overhead``), a training
 pass of the embedded model still crosses 60 compiled regions from Python (30 layers, forward and backward), each with
 a guard check, its wrappers and a graph launch; in a warm-start step the CPU was busier than the GPU
-(docs/benchmarks.md). Here the decoder below the token embedding (the rotary embedding, every layer, the final norm)
+(docs/lab-notes/benchmarks.md). Here the decoder below the token embedding (the rotary embedding, every layer, the final norm)
 is captured whole the first time a shape is seen (:func:`cuda_capture`, the recipe of
 ``torch.cuda.make_graphed_callables``), and every later pass of that shape replays two graphs: the forward, and the
 backward, which also gives the trainable parameters' gradients.
@@ -70,7 +70,7 @@ def copier(tensors: tuple[Any, ...]) -> Callable[[], list[Any]]:
     """A function that returns fresh copies of ``tensors``, in their order, with one multi-tensor operation per dtype.
     PyTorch's multi-tensor operations fall back to one kernel per tensor when a list mixes dtypes, as a decoder's
     gradients do (LoRA weights in float32, the bfloat16 input's gradient): 426 single-tensor kernels a step in a
-    profile of the embedded model's warm start (docs/benchmarks.md), where one operation per dtype launches a few."""
+    profile of the embedded model's warm start (docs/lab-notes/benchmarks.md), where one operation per dtype launches a few."""
     import torch
 
     groups: dict[Any, list[int]] = {}

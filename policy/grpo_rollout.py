@@ -3,7 +3,7 @@ vLLM engine with the trainer's adapter as vLLM LoRA (``vllm-lora``): the hooks t
 ``GRPOTrainer(rollout_func=...)``.
 
 TRL's own transformers generation pads a ``generate`` call with a dynamic KV cache and turns compilation off; on a GPU
-a GRPO step of the embedded model then spends nearly all its time generating (docs/benchmarks.md). The project's
+a GRPO step of the embedded model then spends nearly all its time generating (docs/lab-notes/benchmarks.md). The project's
 backend (``policy.backends.TransformersBackend``) generates on CUDA with a static KV cache and the decode step compiled
 into CUDA graphs. :func:`backend_rollout` hands it to ``GRPOTrainer(rollout_func=...)``: the trainer's own (LoRA,
 being trained) model generates, in eval mode and without gradients, so every step samples from the current weights
@@ -256,7 +256,7 @@ class VLLMMergedRollout(VLLMLoRARollout):
     CUDA with vLLM installed): the engine decodes without LoRA (vLLM's plain decode step ran 1.26x faster than its LoRA
     one for the embedded model's shape), at the price of merging and loading the changed weights each cycle (0.14-0.38 s
     for the embedded model on an H200, one ``load_weights`` call per tensor then). Measured there: steadier and faster
-    than vllm-lora (docs/benchmarks.md).
+    than vllm-lora (docs/lab-notes/benchmarks.md).
 
     Each call computes, for every LoRA layer, ``W + scaling * B @ A`` in float32 from the trainer's weights as they are
     then (PEFT's ``get_delta_weight``; the trainer's own weights are never merged or changed, so no rounding builds up

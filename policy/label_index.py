@@ -5,7 +5,7 @@ them on the step with a boolean selection (``hidden[mask]``, ``labels[mask]``, t
 selection's gradient in the backward pass). A boolean selection on CUDA must read how many positions it keeps before
 it can size its output, so each one makes the CPU wait for the GPU: in a profiled warm-start step of the embedded model
 on an H200 the CPU waited 19 ms of a 79 ms step at four such reads, and could not issue the backward pass meanwhile
-(docs/benchmarks.md). The collator knows the positions already: :class:`LabelPositions` lists them (with their target
+(docs/lab-notes/benchmarks.md). The collator knows the positions already: :class:`LabelPositions` lists them (with their target
 tokens) while it collates, on the CPU beside the training loop, and :func:`indexed_log_probs` selects them with
 ``index_select`` before TRL's own chunked kernel (``trl.kernels.ChunkedLogProbFunction``): the same per-token
 log-probabilities, entropies and top-1 flags, nothing read on the step.

@@ -272,7 +272,7 @@ ROW_PAD_MULTIPLE_WHEN_COMPILED = 2048
 """``pad_to_multiple_of: auto`` for a compiled warm start's padding-free rows (a batch's demonstrations in one row):
 the row is padded as a whole, so 128 gave nearly every row of 64 demonstrations (17,000-25,000 tokens) a width of its
 own, compiled and recorded again (steps of about 5 s on an H200); with 2048 the starting policy's 1,172 batches took
-three widths, 3.4% of the row padding (docs/benchmarks.md)."""
+three widths, 3.4% of the row padding (docs/lab-notes/benchmarks.md)."""
 
 
 def padding_multiple(config: TrainSettings, phase: Literal["sft", "grpo"]) -> int | None:

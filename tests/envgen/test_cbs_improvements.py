@@ -100,7 +100,7 @@ def test_each_improvement_keeps_the_optimum_of_the_plain_search(cases, name):
     if name == "target_reasoning":
         # Alone it cuts the tree on most instances it changes (about 110 against 30 here), but on a few pockets where
         # agents trade places in a dead end its length constraints cost more nodes than two vertex constraints, and
-        # those dominate the sum (docs/solver.md).
+        # those dominate the sum (docs/lab-notes/solver.md).
         assert fewer > 2 * more, (name, fewer, more)
     elif name not in ("incremental", "bypass"):  # those two change the work per node, not (much) the nodes
         assert nodes < plain_nodes, (name, nodes, plain_nodes)
@@ -561,7 +561,7 @@ def test_a_settle_branch_reuses_the_mdds_of_agents_it_cannot_touch(monkeypatch):
 def test_rectangles_from_the_starts_fire_and_keep_the_optimum(monkeypatch):
     """The second rectangle split (barriers reaching back to the starts) on MovingAI random-32-32-10 even-1, where the
     first split turns most rectangles down: at 70 agents it fires and both settings find the same optimum; at 75 it
-    fires and finds CBSH2-RTC's optimum (sum of costs 1,639, docs/solver.md), where the first split alone took 14,231
+    fires and finds CBSH2-RTC's optimum (sum of costs 1,639, docs/lab-notes/solver.md), where the first split alone took 14,231
     nodes."""
     import envgen.cbs_rectangle as rectangle
 

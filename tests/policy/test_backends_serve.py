@@ -132,7 +132,7 @@ def test_grouped_decode_attention_equals_transformers_sdpa():
 
 def test_gpu_benchmark_script_measures_every_variant(tmp_path):
     """bench/gpu.py on a tiny architecture on the CPU: every rollout and training variant yields a row with tokens/s,
-    and the JSON holds them (its real use is on a GPU: docs/benchmarks.md)."""
+    and the JSON holds them (its real use is on a GPU: docs/lab-notes/benchmarks.md)."""
     import sys
     from pathlib import Path
 
