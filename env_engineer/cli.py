@@ -16,7 +16,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
     from env_engineer import reference
     from envgen import commands as testbed
     from pipeline.params import ENGINEER_LINES
-    from experiments import compare, report, sensitivity
+    from experiments import compare, report, results, sensitivity
     from flows import ready, workers
     from pipeline import checks
     from policy import serve
@@ -54,6 +54,8 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                               "study run in parts): runs side by side, spread and configuration effect over all.",
                               sensitivity, "add_merge_arguments", "run_merge"),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),
+        "results": ("Print a run's headline numbers per stage and the engineer's decisions, 100 columns wide (or one "
+                    "row per DVC experiment).", results, *step),
         "prefect-ready": ("Wait until a Prefect server answers (for scripts that start one in the background).", ready, *step),
         "workers": ("Start one Prefect worker per GPU (each pinned to its GPU) for a process work pool.", workers, *step),
         # the testbed
