@@ -93,9 +93,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PIPELINE_MODULES = frozenset({"torch", "transformers", "peft", "trl", "accelerate", "datasets", "gguf", "prefect", "dvc",
+                              "dvc_task", "great_expectations", "scipy", "polars", "matplotlib", "tqdm", "fastapi",
+                              "uvicorn", "httpx", "jsonschema", "psutil"})
+"""What the ``pipeline`` extra installs: a command that needs one of them, in an install of the testbed alone, says so."""
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in PIPELINE_MODULES:
+            raise
+        print(f"error: `env-engineer {args.command}` needs {e.name}, which the testbed alone does not install: "
+              "pip install 'env-engineer[pipeline]' (on a CPU machine, torch==2.13.0 from PyTorch's CPU index first: "
+              "see the README)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="one row per DVC experiment at this commit (its last stage) instead of this run's stages")
     parser.add_argument("--width", type=int, default=100, help="the widest line (default %(default)s)")
     parser.add_argument("--upto", type=int, default=None, metavar="K",
-                        help="only the stages up to K (the pipeline prints the run so far after each stage)")
+                        help="only the stages up to K (the run so far)")
 
 
 def run(args: argparse.Namespace) -> int:

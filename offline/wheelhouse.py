@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                         "tags such a machine runs (default manylinux_2_28_x86_64)")
     parser.add_argument("--have", type=Path, default=None, help="`pip freeze` of the target: what it has is neither "
                         "resolved again nor downloaded")
-    parser.add_argument("--extras", default="", help="the project's extras to include, e.g. gpu")
+    parser.add_argument("--extras", default="", help="the project's extras to include beside `pipeline`, e.g. gpu")
     parser.add_argument("--build", action="append", default=list(SOURCE_ONLY), metavar="REQ",
                         help=f"a source-only requirement to build into a wheel here (default {', '.join(SOURCE_ONLY)})")
     parser.add_argument("--check", type=Path, default=None, metavar="WHEELHOUSE",
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     pip("wheel", "--no-deps", "--wheel-dir", str(out), str(ROOT))
     for requirement in args.build:
         pip("wheel", "--no-deps", "--wheel-dir", str(out), requirement)
-    extras = [e.strip() for e in args.extras.split(",") if e.strip()]
+    extras = ["pipeline", *(e.strip() for e in args.extras.split(",") if e.strip() and e.strip() != "pipeline")]
     requirement = f"env-engineer[{','.join(extras)}]" if extras else "env-engineer"
     have = installed_on_target(args.have)
     with tempfile.TemporaryDirectory() as stubs:

