@@ -119,7 +119,10 @@ def completion_text(completion: object) -> str:
 
 
 class MAPFReward:
-    """TRL reward function over the dataset columns ``instance`` and ``optimal_soc``.
+    """TRL reward function over the dataset columns ``instance`` and ``optimal_soc``. ``on_score``, when given, is
+    called once per call with the :class:`Score` of every completion, their texts and the call's other keyword
+    arguments (the other dataset columns, and TRL's ``trainer_state`` and ``log_metric``): how a trainer records
+    what it rewarded.
 
     >>> from envgen.instance import Instance
     >>> inst = Instance(("FF", "FF"), ((0, 0),), ((1, 1),)).to_str()
@@ -130,12 +133,17 @@ class MAPFReward:
 
     __name__ = "mapf_reward"
 
-    def __init__(self, config: RewardConfig = RewardConfig()) -> None:
+    def __init__(self, config: RewardConfig = RewardConfig(), on_score=None) -> None:
         self.config = config
+        self.on_score = on_score
 
-    def __call__(self, prompts=None, completions=None, instance=None, optimal_soc=None, **_: object) -> list[float]:
+    def __call__(self, prompts=None, completions=None, instance=None, optimal_soc=None, **columns: object) -> list[float]:
         if completions is None or instance is None:
             raise ValueError("MAPFReward needs completions and the dataset column 'instance' (and 'optimal_soc')")
         socs = optimal_soc if optimal_soc is not None else [None] * len(completions)
-        return [score_completion(instance_from_text(inst), completion_text(c), soc, self.config).reward
-                for c, inst, soc in zip(completions, instance, socs)]
+        texts = [completion_text(c) for c in completions]
+        scores = [score_completion(instance_from_text(inst), text, soc, self.config)
+                  for text, inst, soc in zip(texts, instance, socs)]
+        if self.on_score is not None:
+            self.on_score(scores, texts, {"instance": instance, "optimal_soc": socs, **columns})
+        return [s.reward for s in scores]

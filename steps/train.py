@@ -40,7 +40,7 @@ from envgen.dataset import parse_instances, read_instances, write_dataset
 from envgen.files import atomic_write_text, replace_dir
 from envgen.instance import Instance
 from envgen.prompt import PromptStyle, build_messages, format_answer
-from envgen.reward import RewardConfig, completion_text, instance_from_text, score_completion
+from envgen.reward import MAPFReward, instance_from_text
 from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
 from pipeline.progress import trainer_progress
@@ -48,33 +48,27 @@ from policy.devices import world_size
 from policy.lora import causal_lm, save_adapter
 
 
-class RecordingReward:
-    """The MAPF reward for GRPO that also keeps every scored completion (with the trainer's step)."""
+class CompletionRecorder:
+    """What GRPO rewarded, kept: :class:`envgen.reward.MAPFReward` calls it (``on_score``) with every scored completion;
+    it keeps one row per completion with the trainer's step, and logs the batch's valid and parsed rates beside TRL's
+    metrics."""
 
-    __name__ = "mapf_reward"
-
-    def __init__(self, config: RewardConfig) -> None:
-        self.config = config
+    def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
 
-    def __call__(self, prompts=None, completions=None, instance=None, optimal_soc=None, instance_id=None, size=None,
-                 needs_wait=None, trainer_state=None, log_metric=None, **_: Any) -> list[float]:
-        step = int(getattr(trainer_state, "global_step", 0) or 0)
-        rewards = []
-        for k, completion in enumerate(completions):
-            text = completion_text(completion)
-            inst = instance_from_text(instance[k])
-            s = score_completion(inst, text, optimal_soc[k], self.config)
-            rewards.append(s.reward)
-            self.rows.append({"step": step, "instance_id": instance_id[k], "size": size[k], "num_agents": inst.num_agents,
-                              "needs_wait": needs_wait[k], "completion": text, "reward": s.reward, "parsed": s.parsed,
-                              "parse_error": s.parse_error, "valid": s.valid, "optimal": s.optimal,
-                              "failure_category": s.failure, "soc": s.soc, "optimal_soc": optimal_soc[k]})
-        if log_metric is not None and completions:
-            batch = self.rows[-len(completions):]
-            log_metric("mapf/valid_rate", sum(r["valid"] for r in batch) / len(batch))
-            log_metric("mapf/parsed_rate", sum(r["parsed"] for r in batch) / len(batch))
-        return rewards
+    def __call__(self, scores: list[Any], texts: list[str], columns: dict[str, Any]) -> None:
+        step = int(getattr(columns.get("trainer_state"), "global_step", 0) or 0)
+        for k, (s, text) in enumerate(zip(scores, texts)):
+            inst = instance_from_text(columns["instance"][k])
+            self.rows.append({"step": step, "instance_id": columns["instance_id"][k], "size": columns["size"][k],
+                              "num_agents": inst.num_agents, "needs_wait": columns["needs_wait"][k], "completion": text,
+                              "reward": s.reward, "parsed": s.parsed, "parse_error": s.parse_error, "valid": s.valid,
+                              "optimal": s.optimal, "failure_category": s.failure, "soc": s.soc,
+                              "optimal_soc": columns["optimal_soc"][k]})
+        log_metric = columns.get("log_metric")
+        if log_metric is not None and scores:
+            log_metric("mapf/valid_rate", sum(s.valid for s in scores) / len(scores))
+            log_metric("mapf/parsed_rate", sum(s.parsed for s in scores) / len(scores))
 
 
 def accumulation(batch: int, micro: int, world: int, what: str) -> int:
@@ -690,7 +684,8 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                       num_generations=config.num_generations, max_steps=steps, learning_rate=config.learning_rate,
                       beta=config.beta, max_completion_length=config.max_completion_length, temperature=config.temperature,
                       remove_unused_columns=False, lr_scheduler_type="constant", **extra)
-    reward = RecordingReward(policy.reward)
+    recorder = CompletionRecorder()
+    reward = MAPFReward(policy.reward, on_score=recorder)
     phases: dict[str, float] = {}
     clock = step_clock(phases, "train (GRPO)", report=progress)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
@@ -706,7 +701,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         if hasattr(rollout_func, "close"):
             rollout_func.close()
     seconds = time.perf_counter() - start
-    rows = reward.rows
+    rows = recorder.rows
     if world > 1:  # each process scored its own share of the completions
         from accelerate.utils import gather_object
 
