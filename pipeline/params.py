@@ -287,7 +287,12 @@ class TrainSettings(_Section):
         if micro is not None and self.sft_batch_size % micro:
             raise ValueError(f"train.sft_micro_batch_size = {micro} does not divide train.sft_batch_size = "
                              f"{self.sft_batch_size}; set it to a divisor of sft_batch_size (e.g. 1, 2 or 4) or null")
-        steps = -(-self.trajectories // (self.prompts_per_step * self.num_generations))
+        per_step = self.prompts_per_step * self.num_generations
+        if self.reinforces and per_step % self.micro_batch_size:
+            raise ValueError(f"train.micro_batch_size = {self.micro_batch_size} does not divide a GRPO step's "
+                             f"{per_step} completions (prompts_per_step x num_generations); set it to a divisor of "
+                             f"{per_step}")
+        steps = -(-self.trajectories // per_step)
         if steps % self.generation_steps:
             raise ValueError(f"train.generation_steps = {self.generation_steps} does not divide the GRPO step count "
                              f"{steps} (ceil(trajectories / (prompts_per_step * num_generations)) = ceil("

@@ -46,6 +46,7 @@ from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_para
 from pipeline.progress import trainer_progress
 from policy.devices import world_size
 from policy.lora import causal_lm, save_adapter
+from policy.models import pick_device
 
 
 class CompletionRecorder:
@@ -77,15 +78,6 @@ def accumulation(batch: int, micro: int, world: int, what: str) -> int:
         raise ValueError(f"{what}: {batch} per optimizer step cannot be split into {world} process(es) x micro-batches "
                          f"of {micro}; choose a batch that is a multiple of {micro * world}")
     return batch // (micro * world)
-
-
-def pick_device(settings: TrainSettings) -> str:
-    """'cuda' or 'cpu' for the setting ('auto': CUDA when there is a GPU)."""
-    import torch
-
-    if settings.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return settings.device
 
 
 def demonstrations(rows: list[dict[str, Any]], style: PromptStyle) -> list[dict[str, Any]]:
@@ -674,8 +666,9 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
                                        temperature=config.temperature, top_p=1.0, seed=config.seed, autocast=lora,
                                        prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
     world = world_size()
-    micro = math.gcd(per_step // world if per_step % world == 0 else per_step, config.micro_batch_size)
-    passes = accumulation(per_step, micro, world, "train.prompts_per_step x train.num_generations")
+    micro = config.micro_batch_size
+    passes = accumulation(per_step, micro, world, "train.prompts_per_step x train.num_generations (with "
+                          "train.micro_batch_size completions per pass)")
     if config.grpo_generation in VLLM_SAMPLERS:
         rollout_func = vllm_rollout(model, tok, data, config, policy, device, work,
                                     per_call=micro * passes * config.generation_steps)
@@ -832,7 +825,7 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
     if settings.threads:
         torch.set_num_threads(settings.threads)
     set_seed(settings.seed)
-    device = pick_device(settings)
+    device = pick_device(settings.device)
     state = None
     if world_size() > 1:  # a distributed launch: this process's GPU, and a process group before anything else
         from accelerate import PartialState

@@ -46,7 +46,7 @@ def tiny_params(model: Path) -> dict:
     params["env"].update(budget=8, sizes=sizes)
     params["validation"].update(budget=4, sizes=sizes)
     params["policy"].update(model=str(model))
-    params["train"].update(sft_max_examples=8, sft_batch_size=4, trajectories=8, num_generations=4, prompts_per_step=2,
+    params["train"].update(recipe="distill+grpo", sft_max_examples=8, sft_batch_size=4, trajectories=8, num_generations=4, prompts_per_step=2,
                            micro_batch_size=4, max_completion_length=16, lora_r=4, lora_alpha=8, threads=1)
     params["rollout"].update(max_new_tokens="auto", budget_margin=0.0, threads=1)  # each answer its optimal length + 8
     params["engineer"].update(max_new_tokens=400, threads=1, attempts=1)

@@ -70,6 +70,7 @@ def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     (["engineer.trust_region={hole_ratio: -1}"], "engineer.trust_region.hole_ratio = -1"),
     (["rollout.backend=openai"], "rollout.base_url"),
     (["policy.prompt.think=true"], "rollout.max_new_tokens is 'auto' but policy.prompt.think is true"),
+    (["train.recipe=grpo", "train.micro_batch_size=3"], "train.micro_batch_size = 3 does not divide a GRPO step's"),
     (["train.sft=false"], "sft: replaced by recipe ('distill' for the supervised pass alone"),
     (["start.train.grpo=true"], "grpo: replaced by recipe"),
     (["train.recipe=sft"], "train.recipe = 'sft'"),

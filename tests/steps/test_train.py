@@ -355,7 +355,7 @@ def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_mo
     assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
     assert len(pq.read_table(out / "c.parquet")) == 16
     with pytest.raises(ValidationError, match="generation_steps = 3 does not divide the GRPO step count 2"):
-        TrainSettings(trajectories=16, prompts_per_step=2, num_generations=4, generation_steps=3)
+        TrainSettings(trajectories=16, prompts_per_step=2, num_generations=4, micro_batch_size=4, generation_steps=3)
 
 
 def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp_path):
