@@ -75,7 +75,7 @@ def render_run(run: list[dict[str, Any]], width: int = 100) -> str:
 
 def render_experiments(records: list[dict[str, Any]], stages: list, width: int = 100) -> str:
     """One row per experiment: its name, engineer and seed, and its last stage's numbers."""
-    from experiments.compare import last_stage_result
+    from experiments.records import last_stage_result
 
     rows = []
     for rec in records:
@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         stages = pipeline_stages(args.repo)
         if args.experiments:
-            from experiments.compare import experiment_records
+            from experiments.records import experiment_records
             from experiments.dvc import experiments_shown
 
             print(render_experiments(experiment_records(experiments_shown(args.repo)), stages, args.width))

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from experiments.compare import (aggregate, config_summary, experiment_plan, experiment_records, last_stage_result,
-                                 missing, queue_args, render, shared_stages, stage_config, waves, workspace_records)
+from experiments.compare import experiment_plan, render, shared_stages, waves
+from experiments.records import (aggregate, config_summary, experiment_records, last_stage_result, missing, stage_config,
+                                 workspace_records)
+from experiments.runner import queue_args
 from experiments.dvc import StageFiles, dvc_env
 
 
@@ -184,7 +186,7 @@ def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):
     """--via prefect: every experiment of the wave is submitted as a run of the deployment with its overrides and
     name, then polled until each is final; COMPLETED counts as Success, any other final state as Failed; a crashed
     run is submitted once more, a failed one is not, and why each failed is printed."""
-    from experiments.compare import run_flow_runs
+    from experiments.runner import run_flow_runs
 
     plan = experiment_plan(["fixed", "plr", "alp"], [0])
     submitted = []
@@ -345,7 +347,7 @@ def test_every_benchmark_answer_is_kept_with_its_engineer_seed_stage_and_wait_ra
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from experiments.compare import outcomes
+    from experiments.records import outcomes
 
     evaluate = [StageFiles(name=f"evaluate@{k}", deps=("data/benchmark/instances.parquet",), params_files=(),
                            outs=(f"data/stages/{k}/benchmark.parquet",), metrics=(), plots=()) for k in (0, 1)]
@@ -375,7 +377,7 @@ def test_experiment_process_alive_reads_dvc_tasks_process_records(tmp_path):
     (a worker killed with its experiment), or half written: not."""
     from dvc_task.proc.process import ProcessInfo
 
-    from experiments.compare import experiment_process_alive
+    from experiments.runner import experiment_process_alive
 
     run = tmp_path / ".dvc" / "tmp" / "exps" / "run"
 
@@ -400,7 +402,7 @@ def test_queue_workers_are_read_from_their_process_records_and_a_wave_waits_for_
     waiting gives up with the pids and the way out."""
     from dvc_task.proc.process import ProcessInfo
 
-    from experiments import compare
+    from experiments import runner as compare
 
     celery = tmp_path / ".dvc" / "tmp" / "exps" / "celery"
     celery.mkdir(parents=True)
@@ -420,7 +422,7 @@ def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
     """An experiment DVC lists as running with no worker and no process left (taken by a worker on its way out) is
     marked failed with `dvc queue kill` and queued again, workers are started again, and the wave finishes; a second
     stall raises. A name queued twice reads as its unfinished task, else the one that succeeded."""
-    from experiments import compare
+    from experiments import runner as compare
 
     calls = []
     status = iter(["abc  e1  10:00  Running\ndef  e2  10:00  Success\n",  # e1 lost: no worker, no process
@@ -455,7 +457,7 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
     (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
     and a wave whose experiments all finished returns even after the workers stopped."""
-    from experiments import compare
+    from experiments import runner as compare
 
     replies = []
 

@@ -53,7 +53,7 @@ def test_report_reads_the_files_dvc_yaml_declares_and_is_self_contained(tmp_path
     assert main(["report", "--repo", str(tmp_path), "--out", str(tmp_path / "cli.html")]) == 0
     assert "wrote" in capsys.readouterr().out and (tmp_path / "cli.html").exists()
     # with a sensitivity summary (the one measured on two H100s): its figure, spread, noise and table
-    sens = ROOT / "docs" / "sensitivity" / "summary-h100x2.json"
+    sens = ROOT / "docs" / "results" / "grpo-sensitivity" / "summary-h100x2.json"
     assert main(["report", "--repo", str(tmp_path), "--out", str(tmp_path / "s.html"), "--sensitivity", str(sens)]) == 0
     text = (tmp_path / "s.html").read_text()
     assert "How much one stage's environment can matter" in text and "1.2 points (hole-heavy - small-heavy)" in text

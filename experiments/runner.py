@@ -1,0 +1,319 @@
+"""Running a comparison's experiments: through DVC's queue (:func:`run_wave_in_queue`), or as runs of a Prefect
+deployment (:func:`run_flow_runs`), each waited for until final, with progress printed.
+
+DVC's queue: a wave is queued only once the workers of the one before have left, and its workers start after its last
+experiment is queued (a DVC worker leaves when it finds the queue empty, and one that takes a task on its way out drops
+it: DVC then lists it as running for ever); should the queue lose an experiment all the same, it is marked failed and
+queued again once. Workers and experiment processes are counted from dvc-task's own records, which a busy worker
+cannot fail to answer.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from experiments.dvc import dvc
+
+
+def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
+    """``dvc exp run --queue`` arguments of one planned experiment (values written as JSON, which YAML reads back)."""
+    import json
+
+    args = ["exp", "run", "--queue", "-n", item["name"]]
+    for key, value in {**item["set"], **extra}.items():
+        args += ["-S", f"{key}={json.dumps(value)}"]
+    return args + list(item.get("targets", ()))
+
+
+QUEUE_STALL_SECONDS = 60.0
+"""How long :func:`run_queue` waits with experiments unfinished and no DVC worker or experiment process left before
+it gives up (dvc-task's process records say which are left; a worker takes a second or two to write its own)."""
+
+
+WORKERS_LEAVE_SECONDS = 120.0
+"""How long :func:`wait_for_workers_to_leave` waits for the workers of an earlier wave to leave. A worker leaves by
+itself about 10 s after it last saw the queue empty (dvc-task's ``TemporaryWorker`` checks every 10 s)."""
+
+
+QUEUE_FINAL = ("Success", "Failed")
+"""The states of a DVC queue task that will not change any more."""
+
+
+class QueueStalled(RuntimeError):
+    """DVC's queue has no worker left while experiments of a wave are unfinished: they would never end.
+    ``unfinished``: their names and states."""
+
+    def __init__(self, message: str, unfinished: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.unfinished = unfinished or {}
+
+
+def live_processes(records: list[Path]) -> list[int]:
+    """The pids of dvc-task process records (``ProcessInfo`` JSON files) whose process still runs: a record gets its
+    return code when its process ends; one without, whose process is gone or a zombie, was killed; a half-written one
+    is skipped."""
+    import psutil
+    from dvc_task.proc.process import ProcessInfo
+
+    pids = []
+    for record in records:
+        try:
+            info = ProcessInfo.load(str(record))
+        except (OSError, ValueError, TypeError, KeyError):  # gone, or being written
+            continue
+        if info.returncode is not None:
+            continue
+        try:
+            if psutil.Process(info.pid).status() != psutil.STATUS_ZOMBIE:
+                pids.append(info.pid)
+        except psutil.Error:
+            continue
+    return pids
+
+
+def _exps_dir(repo: Path) -> Path:
+    from dvc.repo.experiments.utils import EXEC_TMP_DIR
+
+    return Path(repo) / ".dvc" / "tmp" / EXEC_TMP_DIR
+
+
+def queue_workers(repo: Path) -> list[int]:
+    """The pids of DVC's queue workers still running in ``repo`` (``dvc queue start`` spawns each through dvc-task,
+    which records it as ``celery/dvc-exp-worker-N.json``). Unlike ``dvc queue status``'s worker count, which pings
+    each worker for a second, this does not miss a worker that is busy on a loaded machine."""
+    return live_processes(sorted((_exps_dir(repo) / "celery").glob("dvc-exp-worker-*.json")))
+
+
+def experiment_process_alive(repo: Path) -> bool:
+    """Whether a process that DVC's queue started for an experiment is still running (dvc-task records each one, its
+    pid and, once it has ended, its return code, under ``.dvc/tmp/exps/run/<rev>/<rev>.json``)."""
+    from dvc.repo.experiments.utils import EXEC_PID_DIR
+
+    return bool(live_processes(sorted((_exps_dir(repo) / EXEC_PID_DIR).glob("*/*.json"))))
+
+
+def wait_for_workers_to_leave(repo: Path, timeout: float = WORKERS_LEAVE_SECONDS, poll_seconds: float = 1.0) -> None:
+    """Return once no DVC queue worker runs in ``repo``; raise :class:`QueueStalled` after ``timeout`` seconds.
+
+    Queue a wave only then: a worker leaves when it finds the queue empty, and a task queued between that check and
+    its exit is taken and dropped (the worker shuts down with the task received and never runs it; DVC lists it as
+    Running for ever: DVC issues 10427 and 10562). So the experiments of a wave are queued while no worker runs, and
+    the wave's workers are started after the last one is queued."""
+    began = time.monotonic()
+    told = False
+    while pids := queue_workers(repo):
+        waited = time.monotonic() - began
+        if waited > timeout:
+            raise QueueStalled(f"DVC's queue worker(s) {', '.join(map(str, pids))} still run {waited:.0f} s after "
+                               "the last wave: an experiment queued now could be taken by a worker on its way out and "
+                               "lost; wait until `dvc queue status` lists no worker (or end them: kill "
+                               f"{' '.join(map(str, pids))}), then run compare again with --run")
+        if not told:
+            print(f"{time.strftime('%H:%M:%S')} queue: waiting for the {len(pids)} worker(s) of the last wave to leave",
+                  flush=True)
+            told = True
+        time.sleep(poll_seconds)
+
+
+def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
+              stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
+    """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
+    returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
+    once the queue is empty; when for ``stall_seconds`` none is left (:func:`queue_workers`, or one answering
+    ``dvc queue status``) and no experiment's process runs (:func:`experiment_process_alive`) while some of ``names``
+    are unfinished, raises :class:`QueueStalled` naming them, why and how to go on, instead of waiting forever."""
+    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
+    seen = time.monotonic()
+
+    def read() -> dict[str, str]:
+        nonlocal seen
+        states, workers = queue_status(repo)
+        mine = {name: states.get(name, "Queued") for name in names}
+        now = time.monotonic()
+        if (workers or all(state in QUEUE_FINAL for state in mine.values()) or queue_workers(repo)
+                or experiment_process_alive(repo)):
+            seen = now
+        elif now - seen > stall_seconds:
+            unfinished = {name: state for name, state in mine.items() if state not in QUEUE_FINAL}
+            open_ = ", ".join(f"{name} ({state.lower()})" for name, state in unfinished.items())
+            raise QueueStalled(f"DVC's queue has had no worker and no experiment process for {now - seen:.0f} s while "
+                               f"{open_} did not finish (one marked running was taken by a worker that then left "
+                               "without running it, or its worker was killed; `dvc queue logs NAME` shows where one "
+                               "stopped): `dvc queue kill NAME` marks such a one failed, then run compare again with "
+                               "--run, which keeps the finished experiments and queues the others again", unfinished)
+        return mine
+
+    mine = wait_until_final(read, QUEUE_FINAL, "queue", poll_seconds)
+    # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
+    succeeded = {name for name, state in mine.items() if state == "Success"}
+    started = time.monotonic()
+    deadline = started + 300
+    while not succeeded <= set(dvc(["exp", "list", "--name-only"], repo).split()) and time.monotonic() < deadline:
+        time.sleep(1.0)
+    waited = time.monotonic() - started
+    if waited > 5:
+        print(f"{time.strftime('%H:%M:%S')} queue: DVC listed the saved experiments {waited:.0f} s after their tasks "
+              "ended", flush=True)
+    return mine
+
+
+def run_wave_in_queue(repo: Path, jobs: int, wave: list[dict[str, Any]], extra: dict[str, Any],
+                      retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
+    """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
+    ``jobs`` workers (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
+    process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
+    queued, at most ``retries`` times; returns each experiment's final status."""
+    items = {item["name"]: item for item in wave}
+    todo = list(wave)
+    attempts = 0
+    while True:
+        wait_for_workers_to_leave(repo)
+        for item in todo:
+            dvc(queue_args(item, extra), repo)
+            print(f"queued {item['name']}", flush=True)
+        try:
+            return run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
+        except QueueStalled as stalled:
+            attempts += 1
+            if attempts > retries:
+                raise
+            lost = [name for name, state in stalled.unfinished.items() if state == "Running"]
+            if lost:
+                dvc(["queue", "kill", *lost], repo)
+            todo = [items[name] for name in lost]
+            print(f"{time.strftime('%H:%M:%S')} queue: no worker left with {', '.join(stalled.unfinished)} "
+                  f"unfinished; {'queued again: ' + ', '.join(lost) if lost else 'workers started again'}",
+                  file=sys.stderr, flush=True)
+
+
+def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any], repo: Path | None = None) -> str:
+    """Schedule one planned experiment as a run of the Prefect ``deployment`` (the ``curriculum`` flow with
+    ``overrides`` and ``name``: it becomes ``dvc exp run --temp -n NAME -S ...`` on whichever worker takes it); returns
+    the flow run's id."""
+    from prefect.deployments import run_deployment
+    from prefect.exceptions import ObjectNotFound
+
+    try:
+        parameters = {"overrides": {**item["set"], **extra}, "name": item["name"]}
+        if item.get("targets"):
+            parameters["targets"] = list(item["targets"])
+        if repo is not None:
+            parameters["repo"] = str(repo.resolve())
+        flow_run = run_deployment(deployment, parameters=parameters,
+                                  flow_run_name=item["name"], timeout=0, as_subflow=False)
+    except ObjectNotFound:
+        raise ValueError(f"--deployment {deployment}: no such deployment on the Prefect server at PREFECT_API_URL; "
+                         "create it with `prefect deploy --all` (prefect.yaml) or name another") from None
+    return str(flow_run.id)
+
+
+def flow_run_states(ids: dict[str, str]) -> dict[str, str]:
+    """Name -> Prefect state type (SCHEDULED, PENDING, RUNNING, COMPLETED, FAILED, CRASHED, CANCELLED, ...)."""
+    return {name: state_type for name, (state_type, _) in _read_flow_runs(ids).items()}
+
+
+def flow_run_messages(ids: dict[str, str]) -> dict[str, str]:
+    """Name -> the message of the flow run's current state (why it failed or crashed)."""
+    return {name: message for name, (_, message) in _read_flow_runs(ids).items()}
+
+
+def _read_flow_runs(ids: dict[str, str]) -> dict[str, tuple[str, str]]:
+    import asyncio
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+
+    async def read() -> dict[str, tuple[str, str]]:
+        async with get_client() as client:
+            out = {}
+            for name, i in ids.items():
+                state = (await client.read_flow_run(UUID(i))).state
+                out[name] = (state.type.value, state.message or "")
+            return out
+
+    return asyncio.run(read())
+
+
+FINAL_FLOW_STATES = ("COMPLETED", "FAILED", "CRASHED", "CANCELLED")
+RESUBMITTED_STATES = ("CRASHED",)
+"""Final states of a flow run whose experiment never failed by itself (the worker's process died or could not start):
+such a run is submitted once more."""
+
+
+def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, Any], poll_seconds: float = 5.0,
+                  submit: Any = None, states: Any = None, repo: Path | None = None, messages: Any = None,
+                  resubmit: int = 1) -> dict[str, str]:
+    """Submit one wave as flow runs of ``deployment`` and wait until each is final, printing progress; a run that
+    crashed (:data:`RESUBMITTED_STATES`) is submitted again, at most ``resubmit`` times; returns each one's final state
+    (Success or Failed, as :func:`run_queue`), printing why each failed one failed to stderr."""
+    submit = submit or submit_flow_run
+    states = states or flow_run_states
+    messages = messages or flow_run_messages
+    items = {item["name"]: item for item in wave}
+    ids = {name: submit(deployment, item, extra, repo) for name, item in items.items()}
+    for name in ids:
+        print(f"submitted {name} to {deployment}", flush=True)
+    final = wait_until_final(lambda: states(ids), FINAL_FLOW_STATES, "flow runs", poll_seconds)
+    for _ in range(resubmit):
+        again = {name: ids[name] for name, state in final.items() if state in RESUBMITTED_STATES}
+        if not again:
+            break
+        why = messages(again)
+        for name in again:
+            ids[name] = submit(deployment, items[name], extra, repo)
+            print(f"resubmitted {name} to {deployment} ({final[name].lower()}: {why.get(name) or 'no message'})",
+                  flush=True)
+        final = wait_until_final(lambda: states(ids), FINAL_FLOW_STATES, "flow runs", poll_seconds)
+    failed = {name: ids[name] for name, state in final.items() if state != "COMPLETED"}
+    if failed:
+        for name, message in messages(failed).items():
+            print(f"{name}: flow run {failed[name]} {final[name].lower()}: {message or 'no message'}", file=sys.stderr,
+                  flush=True)
+    return {name: "Success" if s == "COMPLETED" else "Failed" for name, s in final.items()}
+
+
+def wait_until_final(read: Any, final: tuple[str, ...], label: str, poll_seconds: float) -> dict[str, str]:
+    """Poll ``read()`` (name -> state) until every state is in ``final``, printing a count per state when it changes;
+    returns the last states."""
+    last = None
+    while True:
+        now = read()
+        line = ", ".join(f"{n} {s.lower()}" for s, n in sorted(_count(now).items()))
+        if line != last:
+            print(f"{time.strftime('%H:%M:%S')} {label}: {line}", flush=True)
+            last = line
+        if all(s in final for s in now.values()):
+            return now
+        time.sleep(poll_seconds)
+
+
+def _count(states: dict[str, str]) -> dict[str, int]:
+    out: dict[str, int] = defaultdict(int)
+    for s in states.values():
+        out[s] += 1
+    return out
+
+
+STATE_PRECEDENCE = {"Running": 3, "Queued": 3, "Success": 2, "Failed": 1}
+"""Which task of a name queued more than once ``dvc queue status`` speaks for: an unfinished one, else one that
+succeeded, else a failed one (DVC lists running, queued, failed and succeeded tasks in that order, not by age)."""
+
+
+def queue_status(repo: Path) -> tuple[dict[str, str], int]:
+    """``dvc queue status``: name -> status (Queued, Running, Success, Failed) of the experiments in DVC's queue (a
+    name queued again: :data:`STATE_PRECEDENCE`), and how many workers answered (active and idle)."""
+    states: dict[str, str] = {}
+    workers = 0
+    for line in dvc(["queue", "status"], repo).splitlines()[1:]:
+        parts = line.split()
+        if line.startswith("Worker status:"):  # "Worker status: 1 active, 0 idle"
+            workers = sum(int(word) for word in parts if word.isdigit())
+        elif len(parts) >= 3 and parts[-1] in STATE_PRECEDENCE:
+            name, state = parts[1], parts[-1]
+            if STATE_PRECEDENCE[state] > STATE_PRECEDENCE.get(states.get(name, ""), 0):
+                states[name] = state
+    return states, workers
