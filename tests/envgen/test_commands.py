@@ -44,7 +44,7 @@ def test_bad_input_exits_2_naming_file_and_line(capsys, tmp_path):
     good_map = tmp_path / "good.map"
     good_map.write_text("type octile\nheight 2\nwidth 3\nmap\n...\n.@.\n")
     code, _, err = run(capsys, "solve", "--map", good_map, "--scen", scen, "--agents", "2")
-    assert code == 2 and f"{scen}:3: start/goal coordinates must be integers" in err
+    assert code == 2 and f"{scen}:3: start/goal coordinates must be whole numbers" in err
     code, _, err = run(capsys, "solve", *circle()[:4], "--agents", "7")
     assert code == 2 and "asked for 7 agents" in err
 
