@@ -49,7 +49,7 @@ def tiny_params(model: Path) -> dict:
     params["train"].update(recipe="distill+grpo", sft_max_examples=8, sft_batch_size=4, trajectories=8, num_generations=4, prompts_per_step=2,
                            micro_batch_size=4, max_completion_length=16, lora_r=4, lora_alpha=8, threads=1)
     params["rollout"].update(max_new_tokens="auto", budget_margin=0.0, threads=1)  # each answer its optimal length + 8
-    params["engineer"].update(max_new_tokens=400, threads=1, attempts=1)
+    params["engineer"].update(engineer="policy", max_new_tokens=400, threads=1, attempts=1)  # the paper's engineer: the policy itself
     params["benchmark"].update(per_cell=1, wait_ratios=[0.5], agents={3: [3, 4], 4: [4]})
     params["evaluate"].update(max_new_tokens="auto")
     # the starting policy: a few demonstrations of two and three agents, a warm start of a few steps on the tiny model

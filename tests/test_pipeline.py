@@ -137,7 +137,7 @@ def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_sta
     out = tmp_path / "c.json"
     proc = sh([str(BIN / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0",
                "--run", "--jobs", "2", "--out-json", str(out), "--out-md", str(tmp_path / "c.md")], repo)
-    table = json.loads(out.read_text())
+    table = json.loads(out.read_text())["arms"]
     assert set(table) == {"fixed", "heuristic"} and all(row["seeds"] == [0] for row in table.values())
     assert {"acc/3_agents", "val/valid"} <= set(table["fixed"]["metrics"]), proc.stdout
     for name in ("cmp-fixed-s0", "cmp-heuristic-s0"):

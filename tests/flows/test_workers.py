@@ -151,7 +151,7 @@ def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
         # first each seed's shared stages alone (a flow run with DVC targets), then the four experiments at once
         first_wave = out[out.index("submitted cmp-shared-s1"):out.index("submitted cmp-fixed-s1")]
         assert "flow runs: 2 completed\n" in first_wave, why
-        table = json.loads((tmp_path / "c.json").read_text())
+        table = json.loads((tmp_path / "c.json").read_text())["arms"]
         assert table["fixed"]["seeds"] == [1, 2] and table["heuristic"]["seeds"] == [1, 2]
         assert abs(table["heuristic"]["metrics"]["acc/3_agents"]["mean"] - 0.65) < 1e-9
         log = (logs / "workers.log").read_text()
