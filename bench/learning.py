@@ -18,7 +18,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from envgen.dataset import read_instances  # noqa: E402
 from envgen.instance import Instance  # noqa: E402
 from envgen.planners import independent_plan  # noqa: E402
+from envgen.rates import OUTCOMES, rates, rates_by  # noqa: E402
 from envgen.simulate import Valid, check_plan  # noqa: E402
 from envgen.planners import Planned  # noqa: E402
 from policy.attention import DECODE_KERNELS, set_decode_kernel  # noqa: E402
@@ -36,27 +36,25 @@ from steps.train import train  # noqa: E402
 
 def planner_rates(path: Path) -> dict[str, dict[str, float]]:
     """Valid and optimal rates of the independent planner, per group ('all', sizes)."""
-    groups: dict[str, list[tuple[bool, bool]]] = defaultdict(list)
+    rows = []
     for row in read_instances(path).to_pylist():
         inst = Instance.from_str(row["instance"])
         plan = independent_plan(inst)
         result = check_plan(inst, plan.moves, row["optimal_soc"]) if isinstance(plan, Planned) else None
         ok = isinstance(result, Valid)
-        for g in ("all", f"size{row['size']}"):
-            groups[g].append((ok, ok and bool(result.optimal)))
-    return {g: {"valid": sum(v for v, _ in xs) / len(xs), "optimal": sum(o for _, o in xs) / len(xs), "n": len(xs)}
-            for g, xs in groups.items()}
+        rows.append({"size": row["size"], "valid": ok, "optimal": ok and bool(result.optimal)})
+    return by_size(rows, ("valid", "optimal"))
 
 
 def model_rates(traj: Path) -> dict[str, dict[str, float]]:
+    """Parsed, valid and optimal rates of a trajectories file, per group ('all', sizes)."""
     import pyarrow.parquet as pq
 
-    groups: dict[str, list[dict]] = defaultdict(list)
-    for row in pq.read_table(traj).to_pylist():
-        for g in ("all", f"size{row['size']}"):
-            groups[g].append(row)
-    return {g: {"valid": sum(r["valid"] for r in xs) / len(xs), "optimal": sum(r["optimal"] for r in xs) / len(xs),
-                "parsed": sum(r["parsed"] for r in xs) / len(xs), "n": len(xs)} for g, xs in groups.items()}
+    return by_size(pq.read_table(traj).to_pylist())
+
+
+def by_size(rows: list[dict], outcomes: tuple[str, ...] = OUTCOMES) -> dict[str, dict[str, float]]:
+    return {"all": rates(rows, outcomes), **{f"size{k}": v for k, v in rates_by(rows, "size", outcomes).items()}}
 
 
 def evaluate(tag: str, policy: PolicySettings, adapter: Path | None, evals: dict[str, Path], out: Path,
@@ -105,8 +103,8 @@ def main() -> int:
     cfg, policy = params.training(args.settings)
     report: dict = {"config": {"train": cfg.model_dump(mode="json"), "policy": policy.model_dump(mode="json")},
                     "planner": {n: planner_rates(p) for n, p in evals.items()}}
-    for name, rates in report["planner"].items():
-        print(f"[independent planner] {name}: valid {rates['all']['valid']:.3f} optimal {rates['all']['optimal']:.3f}", flush=True)
+    for name, rate in report["planner"].items():
+        print(f"[independent planner] {name}: valid {rate['all']['valid']:.3f} optimal {rate['all']['optimal']:.3f}", flush=True)
     if args.eval_base:
         report["base"] = evaluate("base", policy, None, evals, out, args.eval_max_new_tokens, args.eval_batch_size,
                                   args.eval_cache)

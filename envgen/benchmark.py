@@ -25,6 +25,7 @@ from envgen.config import EnvConfig, SizeConfig
 from envgen.generator import draw_seed
 from envgen.instance import Instance
 from envgen.planners import PLANNERS, Planned
+from envgen.rates import share
 from envgen.simulate import Valid, check_plan
 
 
@@ -81,7 +82,7 @@ def cell_table(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         waits[(r["num_agents"], round(float(r["wait_subset"]), 2))].append(r)
 
     def rate(rs: list[Mapping], key: str) -> float:
-        return sum(bool(r[key]) for r in rs) / len(rs) if rs else 0.0
+        return share(r[key] for r in rs)
 
     by_agents: dict[str, Any] = {}
     for a in sorted({k[0] for k in cells}):

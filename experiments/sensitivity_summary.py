@@ -24,14 +24,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from experiments.stats import anova, paired_difference, permutation_p, seed_mean_difference, wilson
-
-
-def rates(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    n = len(rows)
-    valid, optimal = sum(r["valid"] for r in rows), sum(r["optimal"] for r in rows)
-    return {"n": n, "valid": valid / n if n else 0.0, "valid_ci": wilson(valid, n),
-            "optimal": optimal / n if n else 0.0, "optimal_ci": wilson(optimal, n)}
+from envgen.rates import rates
+from experiments.stats import anova, paired_difference, permutation_p, seed_mean_difference
 
 
 def scored(trajectories: Path) -> dict[str, dict[str, Any]]:
@@ -59,7 +53,8 @@ def summarise_rows(table: dict[str, dict[str, dict[str, Any]]], origin: dict[str
         for h, r in zip(hashes, ordered):
             groups[origin.get(h, "heldout")].append(r)
             groups[f"{r['num_agents']} agents, {r['size']}x{r['size']}"].append(r)
-        out["runs"][name] = {"all": rates(ordered), **{g: rates(v) for g, v in sorted(groups.items())}}
+        out["runs"][name] = {g: rates(v, ("valid", "optimal"), intervals=True)
+                             for g, v in {"all": ordered, **dict(sorted(groups.items()))}.items()}
 
     def column(name: str, key: str) -> list[bool]:
         return [bool(table[name][h][key]) for h in hashes]

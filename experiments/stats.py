@@ -1,5 +1,5 @@
-"""The statistics of the experiments (``compare``, ``sensitivity``): intervals of rates, of paired differences and of
-means over seeds, and a one-way analysis of variance with its permutation test. Quantiles of the t and F distributions
+"""The statistics of the experiments (``compare``, ``sensitivity``): intervals of paired differences and of means over
+seeds, and a one-way analysis of variance with its permutation test. Quantiles of the t and F distributions
 come from SciPy.
 """
 
@@ -11,17 +11,7 @@ import random
 import statistics
 from collections.abc import Iterator
 
-Z95 = 1.959963984540054
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    """95% Wilson score interval of a rate of ``k`` successes in ``n`` trials ((0, 1) when n is 0)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = k / n
-    centre = (p + Z95 ** 2 / (2 * n)) / (1 + Z95 ** 2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + Z95 ** 2 / (4 * n * n)) / (1 + Z95 ** 2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+from envgen.rates import Z95
 
 
 def paired_difference(a: list[bool], b: list[bool]) -> dict[str, float]:

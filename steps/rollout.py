@@ -30,6 +30,7 @@ from envgen.dataset import parse_instances, read_instances, write_dataset
 from envgen.files import atomic_write_text
 from envgen.instance import Instance
 from envgen.prompt import PromptStyle, build_messages, format_answer
+from envgen.rates import rates, rates_by
 from envgen.reward import score_completion
 from envgen.schemas import TRAJECTORIES
 from pipeline.params import ParamsError, PolicySettings, RolloutSettings, add_params_arguments, load_params
@@ -140,10 +141,9 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     record = {"policy": policy.model_dump(mode="json"), "rollout": settings.model_dump(mode="json"), "adapter": adapter,
               "stage": stage, "limit": limit}
     write_dataset(out, rows, TRAJECTORIES, {"rollout": json.dumps(record)})
-    n = max(1, len(rows))
+    rate = rates(rows, means=("reward",))
     return RolloutSummary(Path(out), len(rows), seconds, sum(r["completion_tokens"] for r in rows),
-                          sum(r["parsed"] for r in rows) / n, sum(r["valid"] for r in rows) / n,
-                          sum(r["optimal"] for r in rows) / n, sum(r["reward"] for r in rows) / n, load_seconds)
+                          rate["parsed"], rate["valid"], rate["optimal"], rate["reward"], load_seconds)
 
 
 def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
@@ -151,13 +151,8 @@ def write_metrics(metrics_path: str | Path, trajectories: str | Path) -> dict:
     and reward rates and count; the valid rate per map size."""
     table = pq.read_table(trajectories).to_pylist()
 
-    def rates(rows: list[dict]) -> dict:
-        n = max(1, len(rows))
-        return {"valid": sum(r["valid"] for r in rows) / n, "optimal": sum(r["optimal"] for r in rows) / n,
-                "parsed": sum(r["parsed"] for r in rows) / n, "reward": sum(r["reward"] for r in rows) / n, "n": len(rows)}
-    metrics = {"validation": rates(table), "validation_by_size": {
-        str(size): {"valid": rates([r for r in table if r["size"] == size])["valid"]}
-        for size in sorted({r["size"] for r in table})}}
+    metrics = {"validation": rates(table, means=("reward",)), "validation_by_size": {
+        str(size): {"valid": r["valid"]} for size, r in rates_by(table, "size", ("valid",)).items()}}
     atomic_write_text(metrics_path, json.dumps(metrics, indent=2))
     return metrics
 

@@ -9,7 +9,6 @@ carries the history before it.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -21,6 +20,8 @@ from engineers.summary import (ANSWER_CHARS, Example, Rates, SizeEnvironment, Si
 from envgen.config import ConfigError, EnvConfig
 from envgen.files import atomic_write_text
 from envgen.instance import Instance
+from envgen.rates import OUTCOMES
+from envgen.rates import rates as outcome_rates
 from envgen.render import ascii_grid
 
 EXAMPLES_PER_SIZE = 2
@@ -34,19 +35,15 @@ _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u2028-\u202e]")
 
 def rates(frame) -> Rates:
     """Outcome shares of a frame of trajectories."""
-    import polars as pl
-
     n = frame.height
-    if n == 0:
-        return Rates(n=0, parsed=0.0, valid=0.0, optimal=0.0, reward=0.0)
-    out = frame.select(pl.col("parsed").mean(), pl.col("valid").mean(), pl.col("optimal").mean(), pl.col("reward").mean()).row(0)
+    shares = outcome_rates(frame.select(*OUTCOMES, "reward").to_dicts(), means=("reward",))
 
-    def shares(column: str) -> dict[str, float]:
+    def breakdown(column: str) -> dict[str, float]:
         counts = frame.drop_nulls(column).group_by(column).len().sort(column)
         return {str(k): round(v / n, 4) for k, v in counts.iter_rows()}
 
-    return Rates(n=n, parsed=round(out[0], 4), valid=round(out[1], 4), optimal=round(out[2], 4), reward=round(out[3], 4),
-                 failures=shares("failure_category"), parse_errors=shares("parse_error"))
+    return Rates(n=n, **{k: round(shares[k], 4) for k in (*OUTCOMES, "reward")},
+                 failures=breakdown("failure_category") if n else {}, parse_errors=breakdown("parse_error") if n else {})
 
 
 def _grouped(frame, column: str, name=str) -> dict[str, Rates]:

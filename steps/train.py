@@ -38,8 +38,8 @@ from typing import Any, Iterator, Literal
 
 from envgen.dataset import parse_instances, read_instances, write_dataset
 from envgen.files import atomic_write_text, replace_dir
-from envgen.instance import Instance
 from envgen.prompt import PromptStyle, build_messages, format_answer
+from envgen.rates import group, rates, share
 from envgen.reward import MAPFReward, instance_from_text
 from envgen.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
@@ -68,8 +68,8 @@ class CompletionRecorder:
                               "optimal_soc": columns["optimal_soc"][k]})
         log_metric = columns.get("log_metric")
         if log_metric is not None and scores:
-            log_metric("mapf/valid_rate", sum(s.valid for s in scores) / len(scores))
-            log_metric("mapf/parsed_rate", sum(s.parsed for s in scores) / len(scores))
+            log_metric("mapf/valid_rate", share(s.valid for s in scores))
+            log_metric("mapf/parsed_rate", share(s.parsed for s in scores))
 
 
 def accumulation(batch: int, micro: int, world: int, what: str) -> int:
@@ -756,18 +756,12 @@ def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
 
 
 def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_vllm: bool) -> dict[str, Any]:
-    by_step: dict[int, list[dict]] = defaultdict(list)
-    by_size: dict[int, list[dict]] = defaultdict(list)
-    for r in rows:
-        by_step[r["step"]].append(r)
-        by_size[r["size"]].append(r)
+    by_step, by_size = group(rows, "step"), group(rows, "size")
 
     def stats(rs: list[dict]) -> dict[str, float]:
-        n = max(1, len(rs))
-        return {"reward": sum(r["reward"] for r in rs) / n, "valid": sum(r["valid"] for r in rs) / n,
-                "optimal": sum(r["optimal"] for r in rs) / n, "parsed": sum(r["parsed"] for r in rs) / n, "count": len(rs)}
+        return rates(rs, means=("reward",))
 
-    history = [{"step": s, **stats(rs)} for s, rs in sorted(by_step.items())]
+    history = [{"step": s, **stats(rs)} for s, rs in by_step.items()]
     quarter = max(1, len(history) // 4)
     first = [r for h in history[:quarter] for r in by_step[h["step"]]]
     last = [r for h in history[-quarter:] for r in by_step[h["step"]]]
@@ -776,7 +770,7 @@ def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_v
             "train/reward_mean": overall["reward"], "train/valid_rate": overall["valid"], "train/optimal_rate": overall["optimal"],
             "train/reward_first_quarter": stats(first)["reward"], "train/reward_last_quarter": stats(last)["reward"],
             "train/valid_first_quarter": stats(first)["valid"], "train/valid_last_quarter": stats(last)["valid"],
-            "train/per_size": {str(k): stats(v) for k, v in sorted(by_size.items())}, "train/history": history}
+            "train/per_size": {str(k): stats(v) for k, v in by_size.items()}, "train/history": history}
 
 
 def _has(module: str) -> bool:

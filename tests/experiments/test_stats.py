@@ -1,6 +1,7 @@
 import pytest
 
-from experiments.stats import mean_ci, paired_difference, permutation_p, t95, wilson
+from envgen.rates import wilson
+from experiments.stats import mean_ci, paired_difference, permutation_p, t95
 
 
 def test_mean_and_t_interval_over_seeds():
