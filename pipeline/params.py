@@ -160,7 +160,7 @@ class TrainSettings(_Section):
         "examples and loss as padded batches.")
     sft_packed_attention: Literal["flex", "varlen"] = Field(
         "varlen", description="Attention over padding-free supervised batches on CUDA: 'varlen' (PyTorch's "
-        "variable-length attention; policy/packed_attention.py) or 'flex' (transformers' flex attention with a block "
+        "variable-length attention; policy/accel/packed_attention.py) or 'flex' (transformers' flex attention with a block "
         "mask); elsewhere the model's own.")
     sft_drop_last: bool = Field(
         False, description="Leave out each supervised epoch's last batch when it is short (a different few "
@@ -168,7 +168,7 @@ class TrainSettings(_Section):
     sft_label_selection: Literal["mask", "index"] = Field(
         "mask", description="How a supervised pass finds the positions its loss is taken at: 'mask' (TRL's fused LM "
         "head, by the labels' mask) or 'index' (the collator lists them, the head takes them by index: nothing read "
-        "from the GPU on a step; policy/label_index.py). 'index' needs a plain LM head and, compiled, compile_scope "
+        "from the GPU on a step; policy/accel/label_index.py). 'index' needs a plain LM head and, compiled, compile_scope "
         "'layers'.")
     sft_loader_workers: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
         "auto", description="Processes that collate the warm start's batches (padding, masks) beside the training "
@@ -236,7 +236,7 @@ class TrainSettings(_Section):
     compile_mode: Literal["default", "reduce-overhead", "decoder-graph"] = Field(
         "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'reduce-overhead' "
         "(CUDA graphs) or 'decoder-graph' (with compile_scope 'layers': a padding-free supervised row's pass through "
-        "the whole decoder replayed as two CUDA graphs per row width; policy/decoder_graph.py).")
+        "the whole decoder replayed as two CUDA graphs per row width; policy/accel/decoder_graph.py).")
     pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
         "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
         "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "

@@ -12,8 +12,18 @@ being trained) model generates, in eval mode and without gradients, so every ste
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
-from typing import Any, Callable
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from policy.accel import uses_lora_autocast
+from policy.devices import world_size
+
+if TYPE_CHECKING:
+    from pipeline.params import PolicySettings, TrainSettings
 
 
 def cut_completion(ids: list[int], eos_ids: set[int]) -> list[int]:
@@ -334,3 +344,94 @@ def merged_lora_weights(model: Any) -> list[tuple[str, Any]]:
             merged = (weight.float() + module.get_delta_weight(active[0]).float()).to(weight.dtype)
             out.append((name.removeprefix(prefix) + ".weight", merged))
     return out
+
+
+@dataclass
+class Sampler:
+    """How GRPO samples its completions (:func:`grpo_sampler`).
+
+    Attributes:
+        name: 'vllm' (TRL's colocated vLLM), 'vllm-lora' or 'vllm-merged' (the project's vLLM engine), 'backend' (the
+            project's transformers backend) or 'trl' (TRL's own transformers generation).
+        trl_args: what ``GRPOConfig`` takes for it.
+        rollout_func: ``GRPOTrainer``'s ``rollout_func`` (None: TRL samples).
+        lora_autocast: whether LoRA layers may take half-precision activations as they are (the project's samplers
+            enter autocast themselves; TRL's own sampling runs outside it).
+    """
+
+    name: str
+    trl_args: dict[str, Any] = field(default_factory=dict)
+    rollout_func: Any = None
+    lora_autocast: bool = False
+
+
+def grpo_sampler(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+                 device: str, work: Path, per_call: int) -> Sampler:
+    """GRPO's sampler from ``train.use_vllm`` and ``train.grpo_generation`` on this device. 'auto' never pairs vLLM with
+    the project's backend sampler (TRL would expect vLLM's sampling log-probabilities). ``per_call``: completions each
+    generation call returns (sizes the project's vLLM engine)."""
+    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and config.grpo_generation in ("auto", "trl")
+                                           and device == "cuda" and _has("vllm"))
+    if use_vllm:
+        return Sampler("vllm", {"use_vllm": True, "vllm_mode": "colocate",
+                                "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
+                                "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length})
+    trl_args = {"use_transformers_continuous_batching": True} if config.continuous_batching else {}
+    lora = uses_lora_autocast(config.lora_autocast, device)
+    if config.grpo_generation in VLLM_SAMPLERS:
+        return Sampler(config.grpo_generation, trl_args, vllm_rollout(model, tok, data, config, policy, device, work,
+                                                                      per_call=per_call), lora)
+    if use_backend_generation(config.grpo_generation, device, use_vllm):
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+        func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length, temperature=config.temperature,
+                               top_p=1.0, seed=config.seed, autocast=lora,
+                               prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
+        return Sampler("backend", trl_args, func, lora)
+    return Sampler("trl", trl_args)
+
+
+VLLM_SAMPLERS = ("vllm-lora", "vllm-merged")
+"""``train.grpo_generation`` values that sample through the project's own vLLM engine (policy/grpo_rollout.py)."""
+
+
+def vllm_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+                 device: str, work: Path, per_call: int) -> Any:
+    """GRPO's sampler for ``train.grpo_generation: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`) or
+    ``vllm-merged`` (:class:`policy.grpo_rollout.VLLMMergedRollout`), after checking that it can run here: CUDA, one
+    process, and vLLM importable."""
+    name = config.grpo_generation
+    if device != "cuda":
+        raise ValueError(f"train.grpo_generation = '{name}' samples with vLLM, which needs CUDA, and this train step "
+                         f"runs on {device!r}; set grpo_generation to 'auto' (the project's sampler) or train on a GPU")
+    if world_size() > 1:
+        raise ValueError(f"train.grpo_generation = '{name}' runs one vLLM engine beside one trainer process, and this "
+                         f"launch has {world_size()} processes; set grpo_generation to 'auto' (the project's sampler) or "
+                         "use_vllm to true (TRL's colocated vLLM, one engine per process) for data-parallel GRPO")
+    if not _has("vllm"):
+        raise ValueError(f"train.grpo_generation = '{name}' needs vLLM, which is not installed: run "
+                         "`pip install -e '.[gpu]'` on the GPU machine, or set grpo_generation to 'auto'")
+    from policy.models import resolve_model
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    sampler = VLLMMergedRollout if name == "vllm-merged" else VLLMLoRARollout
+    return sampler(model, tok, base=resolve_model(policy.model), work=work / "vllm-adapters",
+                   max_new_tokens=config.max_completion_length, temperature=config.temperature, top_p=1.0,
+                   seed=config.seed, max_model_len=longest_prompt_tokens(tok, data) + config.max_completion_length,
+                   max_num_seqs=min(per_call, 1024), gpu_memory=config.vllm_gpu_memory)
+
+
+def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:
+    """Tokens of the longest chat-templated prompt of a GRPO dataset (sizes the colocated vLLM's context)."""
+    texts = [tokenizer.apply_chat_template(d["prompt"], add_generation_prompt=True, tokenize=False) for d in data]
+    return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=0)
+
+
+def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
+    """Whether GRPO samples through the project's backend: the setting, or for 'auto' CUDA without vLLM."""
+    if setting == "auto":
+        return device == "cuda" and not use_vllm
+    return setting == "backend"
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None

@@ -1,4 +1,4 @@
-"""The decoder replayed as CUDA graphs (policy/decoder_graph.py): which passes go through a captured stack, that the
+"""The decoder replayed as CUDA graphs (policy/accel/decoder_graph.py): which passes go through a captured stack, that the
 stack computes the decoder's own forward, and that the decoder is itself again afterwards. CUDA graphs need CUDA; here
 the capture is a stand-in that returns the stack (what the graphs record), so everything around it runs on the CPU."""
 
@@ -7,7 +7,7 @@ import torch
 from pydantic import ValidationError
 
 from pipeline.params import TrainSettings
-from policy.decoder_graph import DecoderStack, copier, decoder_graphs, decoder_of
+from policy.accel.decoder_graph import DecoderStack, copier, decoder_graphs, decoder_of
 
 
 @pytest.fixture()
@@ -118,7 +118,8 @@ def test_what_cannot_be_captured_is_refused_with_the_fix(model):
 
 
 def test_decoder_graph_applies_to_compiled_padding_free_warm_starts_on_cuda_only():
-    from steps.train import graph_steps, uses_decoder_graph
+    from policy.accel.trainer import graph_steps
+    from policy.accel.options import uses_decoder_graph
 
     on = TrainSettings(torch_compile="sft", compile_scope="layers", compile_mode="decoder-graph", sft_padding_free=True)
     assert uses_decoder_graph(on, "cuda", "sft")

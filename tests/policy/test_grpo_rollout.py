@@ -148,7 +148,7 @@ def test_vllm_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path
     """On the CPU (or without vLLM) 'vllm-lora' and 'vllm-merged' fail before training with the setting's name and
     the fix."""
     from pipeline.params import PolicySettings, TrainSettings
-    from steps.train import vllm_rollout
+    from policy.grpo_rollout import vllm_rollout
 
     with pytest.raises(ValueError, match=f"grpo_generation = '{sampler}'.*set grpo_generation to 'auto'"):
         vllm_rollout(None, None, [], TrainSettings(grpo_generation=sampler), PolicySettings(), "cpu", tmp_path,
@@ -158,7 +158,7 @@ def test_vllm_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path
 def test_vllm_lora_generation_refuses_a_data_parallel_launch(tmp_path, monkeypatch):
     """One engine per trainer: a launch of several processes is refused with the alternatives named."""
     from pipeline.params import PolicySettings, TrainSettings
-    from steps.train import vllm_rollout
+    from policy.grpo_rollout import vllm_rollout
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="2 processes; set grpo_generation to 'auto'"):

@@ -1,4 +1,4 @@
-"""Loss positions listed by the collator (policy/label_index.py): the list names exactly the positions TRL's fused head
+"""Loss positions listed by the collator (policy/accel/label_index.py): the list names exactly the positions TRL's fused head
 projects, and the head taken at them by index gives TRL's per-token values."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from pydantic import ValidationError
 
 from pipeline.params import TrainSettings
-from policy.label_index import LabelPositions, indexed_log_probs, plain_head
+from policy.accel.label_index import LabelPositions, indexed_log_probs, plain_head
 
 
 def padded_batch(examples):

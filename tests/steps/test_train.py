@@ -30,7 +30,7 @@ def tiny(model_dir, **over) -> tuple[TrainSettings, PolicySettings]:
 
 def causal_per_segment(q, k, v, cu_seq, max_len, scale):
     """Causal SDPA within each segment of ``cu_seq``: the maths of the CUDA-only varlen kernel
-    (``policy.packed_attention.varlen_kernel``), so the padding-free path runs on the CPU."""
+    (``policy.accel.packed_attention.varlen_kernel``), so the padding-free path runs on the CPU."""
     import torch
     import torch.nn.functional as F
 
@@ -55,9 +55,9 @@ def test_demonstrations_are_the_optimal_plans_in_the_answer_format(stage):
 
 
 def test_train_writes_adapter_completions_and_metrics_then_continues(tiny_model_dir, stage, tmp_path, monkeypatch, capsys):
-    import steps.train
+    import policy.accel.profile
 
-    monkeypatch.setattr(steps.train, "SLOW_STEP_SECONDS", 0.0)  # every GRPO step says where its time went
+    monkeypatch.setattr(policy.accel.profile, "SLOW_STEP_SECONDS", 0.0)  # every GRPO step says where its time went
     out = tmp_path / "stage1"
     metrics = train(stage, out / "adapter", out / "completions.parquet", out / "metrics.json", *tiny(tiny_model_dir),
                     out_details=out / "details.json", out_sft_history=out / "sft.json", out_grpo_history=out / "grpo.json")
@@ -110,7 +110,7 @@ def test_a_crash_mid_step_leaves_the_previous_adapter_whole(tiny_model_dir, stag
 
 
 def test_gradient_checkpointing_auto_follows_device_and_model_size():
-    from steps.train import use_checkpointing
+    from policy.accel.options import use_checkpointing
 
     assert use_checkpointing("auto", "cuda", 4_000_000_000) is True  # Qwen3-4B: 16 x 512 does not fit without it
     assert use_checkpointing("auto", "cuda", 135_000_000) is False  # the embedded model: 1.61x faster without
@@ -123,47 +123,47 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
     through GRPO and SFT on the CPU by hand: 97 s against 12 s eager for the tiny model, the same first loss)."""
     import torch
 
-    from steps.train import _common_args
+    from policy.accel.trainer import trainer_arguments
 
     model = torch.nn.Linear(4, 4)
-    args = _common_args(TrainSettings(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
+    args = trainer_arguments(TrainSettings(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
     assert args["torch_compile"] is True and args["gradient_checkpointing"] is True and args["use_cpu"] is True
     assert args["pad_to_multiple_of"] == 128  # 'auto' with compilation: a few shapes, not one per batch
-    args = _common_args(TrainSettings(), "cuda", tmp_path, model, "sft")
+    args = trainer_arguments(TrainSettings(), "cuda", tmp_path, model, "sft")
     assert args["torch_compile"] is False and args["gradient_checkpointing"] is False and args["bf16"] is True
     assert args["pad_to_multiple_of"] is None
     warm_only = TrainSettings(torch_compile="sft", pad_to_multiple_of="auto")  # as params.yaml writes it
-    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
-    assert _common_args(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
-    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
-    assert _common_args(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    assert trainer_arguments(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
+    assert trainer_arguments(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
+    assert trainer_arguments(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
+    assert trainer_arguments(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
     rows = TrainSettings(torch_compile="sft", sft_padding_free=True)  # a padding-free row is padded as a whole
-    assert _common_args(rows, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 2048
-    assert _common_args(rows, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
-    assert _common_args(TrainSettings(sft_padding_free=True), "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] is None
+    assert trainer_arguments(rows, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 2048
+    assert trainer_arguments(rows, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
+    assert trainer_arguments(TrainSettings(sft_padding_free=True), "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] is None
     grpo_only = TrainSettings(torch_compile="grpo", pad_to_multiple_of="auto")
-    assert _common_args(grpo_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is True
-    assert _common_args(grpo_only, "cuda", tmp_path, model, "sft")["torch_compile"] is False
+    assert trainer_arguments(grpo_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is True
+    assert trainer_arguments(grpo_only, "cuda", tmp_path, model, "sft")["torch_compile"] is False
     with pytest.raises(ValidationError, match="pad_to_multiple_of"):
         TrainSettings(pad_to_multiple_of=0)
-    args = _common_args(TrainSettings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
+    args = trainer_arguments(TrainSettings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
     assert args["pad_to_multiple_of"] == 64
     from trl import GRPOConfig, SFTConfig
 
     for kind in (SFTConfig, GRPOConfig):  # both trainers take the setting as it is passed
         assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
     # the warm start's batches: pinned and copied without a wait on CUDA, the short last one left out when asked
-    sft = _common_args(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "sft")
+    sft = trainer_arguments(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "sft")
     assert sft["accelerator_config"] == {"non_blocking": True} and sft["dataloader_pin_memory"] is True
     assert sft["dataloader_drop_last"] is True and sft["dataloader_num_workers"] == 2  # 'auto' on CUDA
-    assert _common_args(TrainSettings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
-    assert _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
-    assert _common_args(TrainSettings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
+    assert trainer_arguments(TrainSettings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
+    assert trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
+    assert trainer_arguments(TrainSettings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
     with pytest.raises(ValidationError, match="sft_loader_workers"):
         TrainSettings(sft_loader_workers=-1)
-    assert "accelerator_config" not in _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")
-    assert _common_args(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_drop_last"] is False
-    grpo_args = _common_args(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "grpo")
+    assert "accelerator_config" not in trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")
+    assert trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_drop_last"] is False
+    grpo_args = trainer_arguments(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "grpo")
     assert "accelerator_config" not in grpo_args and "dataloader_drop_last" not in grpo_args
     config = SFTConfig(**{**sft, "use_cpu": True, "bf16": False})
     assert config.accelerator_config.non_blocking is True and config.dataloader_drop_last is True
@@ -222,7 +222,7 @@ def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(t
     """``grpo_generation: vllm-lora`` (an engine that answers like vLLM, as vLLM needs CUDA): TRL trains on the
     completions it returns, one generation call per cycle with the adapter of that moment, the engine is closed after
     training and its timings are in the metrics."""
-    import steps.train as train_module
+    import policy.grpo_rollout
     from policy.grpo_rollout import VLLMLoRARollout
 
     made = []
@@ -255,7 +255,7 @@ def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(t
                             gpu_memory=0.3, engine=Engine()))
         return made[-1]
 
-    monkeypatch.setattr(train_module, "vllm_rollout", fake)
+    monkeypatch.setattr(policy.grpo_rollout, "vllm_rollout", fake)
     out = tmp_path / "v"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
                     *tiny(tiny_model_dir, recipe="grpo", grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
@@ -274,7 +274,7 @@ def tok_text(model_dir, ids):
 
 
 def test_backend_generation_setting():
-    from steps.train import use_backend_generation
+    from policy.grpo_rollout import use_backend_generation
 
     assert use_backend_generation("auto", "cuda", use_vllm=False) is True
     assert use_backend_generation("auto", "cuda", use_vllm=True) is False
@@ -426,9 +426,9 @@ def test_deferred_metrics_log_what_trl_logs(tiny_model_dir, stage, tmp_path, mon
 def test_label_positions_by_index_train_what_the_mask_trains(tiny_model_dir, stage, tmp_path, monkeypatch, micro,
                                                               free):
     """``sft_label_selection: index``: the collator lists the loss positions and every pass takes the LM head there
-    by index (policy/label_index.py); the logged loss, gradient norm, entropy, token accuracy and tokens equal those of
+    by index (policy/accel/label_index.py); the logged loss, gradient norm, entropy, token accuracy and tokens equal those of
     TRL's fused head selecting them by mask, padded or padding-free rows, one pass per step or two."""
-    import policy.label_index as index_mod
+    import policy.accel.label_index as index_mod
 
     calls = []
     original = index_mod.indexed_log_probs
@@ -469,7 +469,7 @@ def test_label_positions_by_index_run_under_the_trainers_autocast(tiny_model_dir
     run under it too, and train about the loss the mask's passes train."""
     import torch
 
-    import policy.label_index as index_mod
+    import policy.accel.label_index as index_mod
 
     states = []
     original = index_mod.indexed_log_probs
@@ -479,8 +479,8 @@ def test_label_positions_by_index_run_under_the_trainers_autocast(tiny_model_dir
         return original(hidden, *args, **kwargs)
 
     monkeypatch.setattr(index_mod, "indexed_log_probs", spied)
-    common = train_mod._common_args
-    monkeypatch.setattr(train_mod, "_common_args", lambda *a, **k: {**common(*a, **k), "bf16": True})
+    common = train_mod.trainer_arguments
+    monkeypatch.setattr(train_mod, "trainer_arguments", lambda *a, **k: {**common(*a, **k), "bf16": True})
     losses = {}
     for selection in ("mask", "index"):
         out = tmp_path / selection
@@ -493,7 +493,8 @@ def test_label_positions_by_index_run_under_the_trainers_autocast(tiny_model_dir
 def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from steps.train import packed_attention, packed_attention_name
+    from policy.accel.kernels import packed_attention
+    from policy.accel.options import packed_attention_name
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
     flex, varlen = TrainSettings(sft_padding_free=True, sft_packed_attention="flex"), TrainSettings(sft_padding_free=True)
@@ -509,7 +510,7 @@ def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_di
     demonstrations' boundaries, always ``n + 2`` of them (the row's padding one segment) and one longest length, and
     the first step's loss equals the padded batch's. The CUDA kernel is replaced here by causal SDPA per segment (the
     same maths), so everything around it runs on the CPU; a wrong boundary or head layout changes the loss."""
-    import policy.packed_attention as packed
+    import policy.accel.packed_attention as packed
 
     calls = []
 
@@ -539,8 +540,8 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
     the capture is a stand-in that returns the stack itself (what the graphs record), the varlen kernel causal SDPA
     per segment; a stack that differs from the decoder's own forward changes the losses. The same with the LM head
     taken at the collator's listed positions after the stack (``sft_label_selection: index``)."""
-    import policy.decoder_graph as graph_mod
-    import policy.packed_attention as packed
+    import policy.accel.decoder_graph as graph_mod
+    import policy.accel.packed_attention as packed
 
     captured = []
 
@@ -595,7 +596,7 @@ def test_kernel_time_counts_device_events_once():
 
     from torch.autograd import DeviceType
 
-    from steps.train import kernel_microseconds
+    from policy.accel.profile import kernel_microseconds
 
     events = [SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=300.0, is_user_annotation=False),
               SimpleNamespace(device_type=DeviceType.CUDA, self_device_time_total=100.0, is_user_annotation=False),
@@ -608,7 +609,7 @@ def test_compiled_layers_compiles_each_decoder_layer_and_undoes_it(tiny_model_di
     import torch
     from transformers import AutoModelForCausalLM
 
-    from steps.train import compiled_layers
+    from policy.accel.kernels import compiled_layers
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     embedding = model.get_input_embeddings().requires_grad_(False)  # frozen, as under LoRA
@@ -634,7 +635,7 @@ def test_compiled_layers_compile_once_for_a_frozen_embeddings_training_pass(tiny
     import torch
     from transformers import AutoModelForCausalLM
 
-    from steps.train import compiled_layers
+    from policy.accel.kernels import compiled_layers
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).train()
     model.get_input_embeddings().requires_grad_(False)
@@ -659,15 +660,16 @@ def test_compile_mode_reaches_the_layers_or_the_trainer_on_cuda_only(tmp_path, m
     'layers'), and marks every optimizer step for CUDA graphs; on the CPU it is 'default' throughout."""
     import torch
 
-    from steps.train import _common_args, compiled_layers, graph_steps
+    from policy.accel.trainer import trainer_arguments, graph_steps
+    from policy.accel.kernels import compiled_layers
 
     graphs = TrainSettings(torch_compile="sft", compile_scope="layers", compile_mode="reduce-overhead")
     model = torch.nn.Linear(4, 4)
-    assert _common_args(graphs, "cuda", tmp_path, model, "sft")["torch_compile_mode"] is None
+    assert trainer_arguments(graphs, "cuda", tmp_path, model, "sft")["torch_compile_mode"] is None
     whole = graphs.model_copy(update={"compile_scope": "model"})
-    assert _common_args(whole, "cuda", tmp_path, model, "sft")["torch_compile_mode"] == "reduce-overhead"
-    assert _common_args(whole, "cuda", tmp_path, model, "grpo")["torch_compile_mode"] is None  # grpo not compiled
-    assert _common_args(whole, "cpu", tmp_path, model, "sft")["torch_compile_mode"] is None
+    assert trainer_arguments(whole, "cuda", tmp_path, model, "sft")["torch_compile_mode"] == "reduce-overhead"
+    assert trainer_arguments(whole, "cuda", tmp_path, model, "grpo")["torch_compile_mode"] is None  # grpo not compiled
+    assert trainer_arguments(whole, "cpu", tmp_path, model, "sft")["torch_compile_mode"] is None
     assert graph_steps(graphs, "cuda", "sft") is not None
     assert graph_steps(graphs, "cuda", "grpo") is None and graph_steps(graphs, "cpu", "sft") is None
     assert graph_steps(TrainSettings(torch_compile=True), "cuda", "sft") is None
@@ -697,7 +699,7 @@ def test_compile_mode_reaches_the_layers_or_the_trainer_on_cuda_only(tmp_path, m
 def test_attention_kernel_efficient_leaves_cudnn_out_on_cuda_only():
     import torch
 
-    from steps.train import attention_kernels
+    from policy.accel.kernels import attention_kernels
 
     before = torch.backends.cuda.cudnn_sdp_enabled()
     with attention_kernels("efficient", "cuda"):
@@ -718,7 +720,8 @@ def test_lora_uncast_keeps_activations_as_they_are_and_the_outputs_and_still_lea
     from peft.tuners.tuners_utils import BaseTunerLayer
     from transformers import AutoModelForCausalLM
 
-    from steps.train import lora_uncast, uses_lora_autocast
+    from policy.accel.kernels import lora_uncast
+    from policy.accel.options import uses_lora_autocast
 
     torch.manual_seed(0)
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.bfloat16)

@@ -9,7 +9,7 @@ is captured whole the first time a shape is seen (:func:`cuda_capture`, the reci
 backward, which also gives the trainable parameters' gradients.
 
 It takes the passes whose shapes repeat: one padding-free row under grad mode with its demonstrations' boundaries and
-longest length (``cu_seq_lens_q``, ``max_length_q``; as :class:`policy.packed_attention.FixedSegments` makes them,
+longest length (``cu_seq_lens_q``, ``max_length_q``; as :class:`policy.accel.packed_attention.FixedSegments` makes them,
 so a row's shapes depend only on its padded width). Any other call runs the decoder's own forward. The layers inside
 may be compiled (their compiled kernels are what the graphs record). A shape's graphs hold their inputs, activations
 and gradients at fixed addresses in a memory pool of their own, so the graphed parameters must keep their storage (the
