@@ -26,18 +26,17 @@ from envgen.files import atomic_write_text  # noqa: E402
 
 
 VARIANTS: dict[str, dict[str, Any]] = {
-    "trl": {"grpo_generation": "trl"},  # TRL's padded generate, eager training: the baseline
-    "backend": {"grpo_generation": "backend"},  # GRPO samples through the project's static, compiled path
-    "compile": {"grpo_generation": "trl", "torch_compile": True},
+    "trl": {"sampler": "trl"},  # TRL's padded generate, eager training: the baseline
+    "backend": {"sampler": "backend"},  # GRPO samples through the project's static, compiled path
+    "compile": {"sampler": "trl", "torch_compile": True},
     # the project's generation, then the training passes compiled, batches padded to multiples of 128
-    "backend+compile": {"grpo_generation": "backend", "torch_compile": True},
-    "backend+compile-sft": {"grpo_generation": "backend", "torch_compile": "sft"},  # the warm start compiled only
+    "backend+compile": {"sampler": "backend", "torch_compile": True},
+    "backend+compile-sft": {"sampler": "backend", "torch_compile": "sft"},  # the warm start compiled only
     # the same without recomputing activations (needs a smaller --micro-batch for Qwen3-4B)
-    "backend+compile+nockpt": {"grpo_generation": "backend", "torch_compile": True, "gradient_checkpointing": False},
-    "backend+nockpt": {"grpo_generation": "backend", "gradient_checkpointing": False},
-    "continuous": {"grpo_generation": "trl", "continuous_batching": True},
-    "vllm": {"grpo_generation": "trl", "use_vllm": True},  # TRL's colocated vLLM samples, adapter synced every step
-    "vllm+nockpt": {"grpo_generation": "trl", "use_vllm": True, "gradient_checkpointing": False},
+    "backend+compile+nockpt": {"sampler": "backend", "torch_compile": True, "gradient_checkpointing": False},
+    "backend+nockpt": {"sampler": "backend", "gradient_checkpointing": False},
+    "vllm": {"sampler": "trl-vllm"},  # TRL's colocated vLLM samples, adapter synced every step
+    "vllm+nockpt": {"sampler": "trl-vllm", "gradient_checkpointing": False},
 }
 """Train-step settings compared, by name."""
 
@@ -73,14 +72,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--completion", type=int, default=160, help="GRPO completion length in tokens")
     parser.add_argument("--sft-batch", type=int, default=32, help="warm-start examples per step")
     parser.add_argument("--sft-micro-batch", type=int, default=None, help="warm-start examples per pass")
-    parser.add_argument("--group-by-length", action="store_true", help="warm-start batches of similar lengths")
     parser.add_argument("--no-sft", action="store_true", help="GRPO only")
     parser.add_argument("--variants", default="trl,backend", help="in order, comma-separated: 'trl' (TRL's own "
-                        "generation, eager: the baseline), 'backend' (train.grpo_generation: backend), 'compile' "
+                        "generation, eager: the baseline), 'backend' (train.sampler: backend), 'compile' "
                         "(train.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
                         "'backend+compile-sft' (the warm start compiled only), "
                         "'backend+nockpt' and 'backend+compile+nockpt' (train.gradient_checkpointing off), "
-                        "'continuous' (train.continuous_batching)")
+                        "'vllm' and 'vllm+nockpt' (train.sampler: trl-vllm)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -93,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
         for variant in args.variants.split(","):
             if variant not in VARIANTS:
                 parser.error(f"--variants: unknown {variant!r}; choose from {sorted(VARIANTS)}")
-            settings = TrainSettings(sft=not args.no_sft, sft_max_examples=args.sft_examples, sft_batch_size=args.sft_batch,
-                                     sft_micro_batch_size=args.sft_micro_batch, sft_group_by_length=args.group_by_length,
+            settings = TrainSettings(recipe="grpo" if args.no_sft else "distill+grpo",
+                                     sft_max_examples=args.sft_examples, sft_batch_size=args.sft_batch,
+                                     sft_micro_batch_size=args.sft_micro_batch,
                                      trajectories=args.trajectories, num_generations=8,
                                      prompts_per_step=args.prompts_per_step, micro_batch_size=args.micro_batch,
                                      max_completion_length=args.completion, **VARIANTS[variant])

@@ -130,8 +130,32 @@ RECIPES: dict[str, str] = {
 """What one stage of training does, by ``train.recipe``; every stage continues from the previous stage's adapter."""
 
 
-RENAMED_TRAIN_KEYS = {"sft": "recipe", "grpo": "recipe"}
-"""Keys of the train section that are gone, and the key that replaced each."""
+SAMPLERS: dict[str, str] = {
+    "auto": "'trl-vllm' on CUDA with vLLM installed, 'backend' on CUDA without it, 'trl' elsewhere",
+    "trl": "TRL's own transformers generate",
+    "trl-vllm": "TRL's colocated vLLM engine, one per process (data-parallel GRPO too)",
+    "backend": "the project's transformers backend (on CUDA a static, compiled KV cache)",
+    "vllm-lora": "the project's vLLM engine of the base model, given the adapter as vLLM LoRA each cycle",
+    "vllm-merged": "the project's vLLM engine, given the merged weights each cycle",
+}
+"""``train.sampler``: who samples GRPO's completions (:func:`policy.grpo_rollout.grpo_sampler`)."""
+Sampler = Literal["auto", "trl", "trl-vllm", "backend", "vllm-lora", "vllm-merged"]
+
+GONE_TRAIN_KEYS = {
+    "sft": "replaced by recipe ('distill' for the supervised pass alone, 'grpo' for GRPO alone, 'distill+grpo' for "
+           "both); remove it and set recipe",
+    "grpo": "replaced by recipe ('distill' for the supervised pass alone, 'grpo' for GRPO alone, 'distill+grpo' for "
+            "both); remove it and set recipe",
+    "use_vllm": "replaced by sampler ('trl-vllm' for TRL's colocated vLLM, which use_vllm: true chose); remove it and "
+                "set sampler",
+    "grpo_generation": "replaced by sampler (the same values, and 'trl-vllm' for TRL's colocated vLLM); remove it and "
+                       "set sampler",
+    "continuous_batching": "removed: transformers' continuous batching was measured slower than padded batches "
+                           "(docs/lab-notes/benchmarks.md); remove the key",
+    "sft_group_by_length": "removed: batches of similar length were measured worse than random batches "
+                           "(docs/lab-notes/benchmarks.md); remove the key",
+}
+"""Keys of the train section that are gone, and what to do instead."""
 
 
 class TrainSettings(_Section):
@@ -152,8 +176,6 @@ class TrainSettings(_Section):
         "with N data-parallel processes an N-th of it); a step accumulates gradients over the passes: memory, not "
         "maths.")
     sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
-    sft_group_by_length: bool = Field(False, description="Draw each supervised batch from demonstrations of similar "
-        "length (less padding, other batches); measured worse than random batches (docs/lab-notes/benchmarks.md).")
     sft_padding_free: bool = Field(
         False, description="Supervised batches without padding: a batch's demonstrations laid end to end in one row, "
         "each attending only within itself (TRL's padding_free; on CUDA through sft_packed_attention). The same "
@@ -198,10 +220,10 @@ class TrainSettings(_Section):
     seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of data order, LoRA initialisation and sampling.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train ('auto': CUDA when there is "
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
-    use_vllm: bool | Literal["auto"] = Field("auto", description="GRPO generation with TRL's colocated vLLM: 'auto' "
-                                             "uses it on CUDA when vllm is installed.")
-    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With use_vllm or grpo_generation 'vllm-lora' or "
-                                   "'vllm-merged': share of the GPU's memory the colocated vLLM may take (the trainer "
+    sampler: Sampler = Field("auto", description="Who samples GRPO's completions: " + "; ".join(
+        f"'{k}', {v}" for k, v in SAMPLERS.items()) + ".")
+    vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With a vLLM sampler ('trl-vllm', 'vllm-lora', "
+                                   "'vllm-merged'): share of the GPU's memory the colocated vLLM may take (the trainer "
                                    "keeps the rest).")
     init: Literal["fresh", "start"] = Field(
         "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
@@ -214,15 +236,6 @@ class TrainSettings(_Section):
         "auto", description="On CUDA, LoRA layers take the bfloat16 activations as they are under the trainer's "
         "autocast instead of casting them to the adapter's float32 (PEFT's disable_input_dtype_casting); 'auto': on "
         "with the project's GRPO samplers.")
-    grpo_generation: Literal["auto", "trl", "backend", "vllm-lora", "vllm-merged"] = Field(
-        "auto", description="Who samples GRPO's completions: 'trl' (TRL's own generate, or vLLM with use_vllm), "
-        "'backend' (the project's transformers backend: a static, compiled cache on CUDA), 'vllm-lora' (a vLLM engine "
-        "of the base model with the adapter as vLLM LoRA), 'vllm-merged' (the same engine given the merged weights "
-        "each cycle); 'auto': 'backend' on CUDA without vLLM, else TRL's.")
-    continuous_batching: bool = Field(
-        False, description="GRPO generates with transformers' continuous batching engine (TRL's "
-        "use_transformers_continuous_batching) instead of padded batches; measured slower "
-        "(docs/lab-notes/benchmarks.md).")
     torch_compile: bool | Literal["sft", "grpo"] = Field(
         False, description="torch.compile the training passes: true for both phases, 'sft' for the supervised pass "
         "only, 'grpo' for GRPO's only (compile_scope and compile_mode say how).")
@@ -248,11 +261,9 @@ class TrainSettings(_Section):
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
-            gone = [key for key in RENAMED_TRAIN_KEYS if key in data]
+            gone = [key for key in GONE_TRAIN_KEYS if key in data]
             if gone:
-                raise ValueError(f"{' and '.join(gone)}: replaced by recipe ('distill' for the supervised pass alone, "
-                                 "'grpo' for GRPO alone, 'distill+grpo' for both); remove "
-                                 f"{' and '.join(gone)} and set recipe")
+                raise ValueError("; ".join(f"train.{key}: {GONE_TRAIN_KEYS[key]}" for key in gone))
         return data
 
     @property
@@ -298,10 +309,6 @@ class TrainSettings(_Section):
                              f"{steps} (ceil(trajectories / (prompts_per_step * num_generations)) = ceil("
                              f"{self.trajectories} / {self.prompts_per_step * self.num_generations})); choose a divisor "
                              f"of {steps}, e.g. 1, or change train.trajectories")
-        if self.use_vllm is True and self.grpo_generation in ("backend", "vllm-lora", "vllm-merged"):
-            raise ValueError(f"train.use_vllm = true samples GRPO's completions with TRL's colocated vLLM, but "
-                             f"train.grpo_generation = '{self.grpo_generation}' asks for the project's sampler; set "
-                             "grpo_generation to 'auto' or 'trl', or use_vllm to 'auto' or false")
         return self
 
 

@@ -1,4 +1,4 @@
-"""GRPO's generation through the project's transformers backend (params.yaml ``train.grpo_generation: backend``) or a
+"""GRPO's generation through the project's transformers backend (params.yaml ``train.sampler: backend``) or a
 vLLM engine with the trainer's adapter as vLLM LoRA (``vllm-lora``): the hooks the train step hands to TRL's
 ``GRPOTrainer(rollout_func=...)``.
 
@@ -17,13 +17,11 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from policy.accel import uses_lora_autocast
+from policy.accel.options import Settings
 from policy.devices import world_size
-
-if TYPE_CHECKING:
-    from pipeline.params import PolicySettings, TrainSettings
 
 
 def cut_completion(ids: list[int], eos_ids: set[int]) -> list[int]:
@@ -118,7 +116,7 @@ def backend_rollout(model: Any, tokenizer: Any, *, max_new_tokens: int, temperat
 
 class VLLMLoRARollout:
     """A TRL ``rollout_func`` sampling through a vLLM engine of the base model, with the trainer's adapter applied by
-    vLLM's LoRA support (params.yaml ``train.grpo_generation: vllm-lora``; CUDA with vLLM installed).
+    vLLM's LoRA support (params.yaml ``train.sampler: vllm-lora``; CUDA with vLLM installed).
 
     Each call (one per generation cycle: ``train.generation_steps`` optimizer steps) writes the adapter as it is then
     (``save_pretrained``: the LoRA weights only, a few MB) under ``work`` and hands it to the engine as a new
@@ -262,7 +260,7 @@ class VLLMLoRARollout:
 
 class VLLMMergedRollout(VLLMLoRARollout):
     """A TRL ``rollout_func`` sampling through a vLLM engine of the base model whose weights are, every generation
-    cycle, the trainer's base weights with its adapter merged in (params.yaml ``train.grpo_generation: vllm-merged``;
+    cycle, the trainer's base weights with its adapter merged in (params.yaml ``train.sampler: vllm-merged``;
     CUDA with vLLM installed): the engine decodes without LoRA (vLLM's plain decode step ran 1.26x faster than its LoRA
     one for the embedded model's shape), at the price of merging and loading the changed weights each cycle (0.14-0.38 s
     for the embedded model on an H200, one ``load_weights`` call per tensor then). Measured there: steadier and faster
@@ -316,9 +314,9 @@ def engine_model(engine: Any) -> Any:
     ``load_weights`` takes ``(checkpoint name, tensor)`` pairs."""
     worker = getattr(getattr(engine.llm_engine, "model_executor", None), "driver_worker", None)
     if worker is None:
-        raise RuntimeError("train.grpo_generation = 'vllm-merged' loads weights into the vLLM engine's model, which "
+        raise RuntimeError("train.sampler = 'vllm-merged' loads weights into the vLLM engine's model, which "
                            "runs in another process here; start the engine with VLLM_ENABLE_V1_MULTIPROCESSING=0 "
-                           "(VLLMMergedRollout.start does) or use grpo_generation 'vllm-lora'")
+                           "(VLLMMergedRollout.start does) or use train.sampler 'vllm-lora'")
     return worker.model_runner.model
 
 
@@ -339,7 +337,7 @@ def merged_lora_weights(model: Any) -> list[tuple[str, Any]]:
             active = [a for a in module.active_adapters if a in module.lora_A]
             if len(active) != 1 or any(module.use_dora.get(a, False) for a in active):
                 raise ValueError(f"LoRA layer {name}: vllm-merged merges exactly one plain LoRA adapter per layer, this "
-                                 f"one has {active} (DoRA: {dict(module.use_dora)}); use grpo_generation 'vllm-lora'")
+                                 f"one has {active} (DoRA: {dict(module.use_dora)}); use train.sampler 'vllm-lora'")
             weight = module.get_base_layer().weight
             merged = (weight.float() + module.get_delta_weight(active[0]).float()).to(weight.dtype)
             out.append((name.removeprefix(prefix) + ".weight", merged))
@@ -351,8 +349,7 @@ class Sampler:
     """How GRPO samples its completions (:func:`grpo_sampler`).
 
     Attributes:
-        name: 'vllm' (TRL's colocated vLLM), 'vllm-lora' or 'vllm-merged' (the project's vLLM engine), 'backend' (the
-            project's transformers backend) or 'trl' (TRL's own transformers generation).
+        name: the ``train.sampler`` that runs (:data:`pipeline.params.SAMPLERS`), 'auto' resolved.
         trl_args: what ``GRPOConfig`` takes for it.
         rollout_func: ``GRPOTrainer``'s ``rollout_func`` (None: TRL samples).
         lora_autocast: whether LoRA layers may take half-precision activations as they are (the project's samplers
@@ -365,51 +362,58 @@ class Sampler:
     lora_autocast: bool = False
 
 
-def grpo_sampler(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+def resolve_sampler(setting: str, device: str, vllm_installed: bool) -> str:
+    """``train.sampler`` with 'auto' resolved: TRL's colocated vLLM on CUDA with vLLM installed, the project's
+    backend on CUDA without it, TRL's own generate elsewhere."""
+    if setting != "auto":
+        return setting
+    if device != "cuda":
+        return "trl"
+    return "trl-vllm" if vllm_installed else "backend"
+
+
+def grpo_sampler(model: Any, tok: Any, data: list[dict[str, Any]], config: Settings, policy: Any,
                  device: str, work: Path, per_call: int) -> Sampler:
-    """GRPO's sampler from ``train.use_vllm`` and ``train.grpo_generation`` on this device. 'auto' never pairs vLLM with
-    the project's backend sampler (TRL would expect vLLM's sampling log-probabilities). ``per_call``: completions each
-    generation call returns (sizes the project's vLLM engine)."""
-    use_vllm = config.use_vllm is True or (config.use_vllm == "auto" and config.grpo_generation in ("auto", "trl")
-                                           and device == "cuda" and _has("vllm"))
-    if use_vllm:
-        return Sampler("vllm", {"use_vllm": True, "vllm_mode": "colocate",
-                                "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
-                                "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length})
-    trl_args = {"use_transformers_continuous_batching": True} if config.continuous_batching else {}
+    """GRPO's sampler for ``train.sampler`` on this device. ``policy``: the policy settings
+    (:class:`pipeline.params.PolicySettings`); ``per_call``: completions each generation call returns (sizes the
+    project's vLLM engine)."""
+    name = resolve_sampler(config.sampler, device, _has("vllm"))
+    if name == "trl-vllm":
+        return Sampler(name, {"use_vllm": True, "vllm_mode": "colocate",
+                              "vllm_gpu_memory_utilization": config.vllm_gpu_memory,
+                              "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length})
+    if name == "trl":
+        return Sampler(name)
     lora = uses_lora_autocast(config.lora_autocast, device)
-    if config.grpo_generation in VLLM_SAMPLERS:
-        return Sampler(config.grpo_generation, trl_args, vllm_rollout(model, tok, data, config, policy, device, work,
-                                                                      per_call=per_call), lora)
-    if use_backend_generation(config.grpo_generation, device, use_vllm):
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
-        func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length, temperature=config.temperature,
-                               top_p=1.0, seed=config.seed, autocast=lora,
-                               prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
-        return Sampler("backend", trl_args, func, lora)
-    return Sampler("trl", trl_args)
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
+    if name in VLLM_SAMPLERS:
+        return Sampler(name, {}, vllm_rollout(model, tok, data, config, policy, device, work, per_call=per_call), lora)
+    func = backend_rollout(model, tok, max_new_tokens=config.max_completion_length, temperature=config.temperature,
+                           top_p=1.0, seed=config.seed, autocast=lora,
+                           prompt_len=longest_prompt(tok, [d["prompt"] for d in data]))
+    return Sampler(name, {}, func, lora)
 
 
 VLLM_SAMPLERS = ("vllm-lora", "vllm-merged")
-"""``train.grpo_generation`` values that sample through the project's own vLLM engine (policy/grpo_rollout.py)."""
+"""``train.sampler`` values that sample through the project's own vLLM engine."""
 
 
-def vllm_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: TrainSettings, policy: PolicySettings,
+def vllm_rollout(model: Any, tok: Any, data: list[dict[str, Any]], config: Settings, policy: Any,
                  device: str, work: Path, per_call: int) -> Any:
-    """GRPO's sampler for ``train.grpo_generation: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`) or
+    """GRPO's sampler for ``train.sampler: vllm-lora`` (:class:`policy.grpo_rollout.VLLMLoRARollout`) or
     ``vllm-merged`` (:class:`policy.grpo_rollout.VLLMMergedRollout`), after checking that it can run here: CUDA, one
     process, and vLLM importable."""
-    name = config.grpo_generation
+    name = config.sampler
     if device != "cuda":
-        raise ValueError(f"train.grpo_generation = '{name}' samples with vLLM, which needs CUDA, and this train step "
-                         f"runs on {device!r}; set grpo_generation to 'auto' (the project's sampler) or train on a GPU")
+        raise ValueError(f"train.sampler = '{name}' samples with vLLM, which needs CUDA, and this train step runs on "
+                         f"{device!r}; set train.sampler to 'auto' or train on a GPU")
     if world_size() > 1:
-        raise ValueError(f"train.grpo_generation = '{name}' runs one vLLM engine beside one trainer process, and this "
-                         f"launch has {world_size()} processes; set grpo_generation to 'auto' (the project's sampler) or "
-                         "use_vllm to true (TRL's colocated vLLM, one engine per process) for data-parallel GRPO")
+        raise ValueError(f"train.sampler = '{name}' runs one vLLM engine beside one trainer process, and this launch has "
+                         f"{world_size()} processes; set train.sampler to 'backend' or 'trl-vllm' (TRL's colocated "
+                         "vLLM, one engine per process) for data-parallel GRPO")
     if not _has("vllm"):
-        raise ValueError(f"train.grpo_generation = '{name}' needs vLLM, which is not installed: run "
-                         "`pip install -e '.[gpu]'` on the GPU machine, or set grpo_generation to 'auto'")
+        raise ValueError(f"train.sampler = '{name}' needs vLLM, which is not installed: run "
+                         "`pip install -e '.[gpu]'` on the GPU machine, or set train.sampler to 'auto'")
     from policy.models import resolve_model
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
@@ -424,13 +428,6 @@ def longest_prompt_tokens(tokenizer: Any, data: list[dict[str, Any]]) -> int:
     """Tokens of the longest chat-templated prompt of a GRPO dataset (sizes the colocated vLLM's context)."""
     texts = [tokenizer.apply_chat_template(d["prompt"], add_generation_prompt=True, tokenize=False) for d in data]
     return max((len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts), default=0)
-
-
-def use_backend_generation(setting: str, device: str, use_vllm: bool) -> bool:
-    """Whether GRPO samples through the project's backend: the setting, or for 'auto' CUDA without vLLM."""
-    if setting == "auto":
-        return device == "cuda" and not use_vllm
-    return setting == "backend"
 
 
 def _has(module: str) -> bool:

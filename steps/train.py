@@ -113,7 +113,6 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      lr_scheduler_type="cosine", warmup_steps=0.03, completion_only_loss=True,
                      # padding-free rows are not cut (TRL enforces max_length only on padded batches)
                      max_length=None if config.sft_padding_free else 2048,
-                     train_sampling_strategy="group_by_length" if config.sft_group_by_length else "random",
                      padding_free=config.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
     clock = step_clock()
     callbacks = [c for c in (clock, trainer_progress("train (warm start)", progress), graph_steps(config, device, "sft"),
@@ -181,7 +180,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
         from accelerate.utils import gather_object
 
         rows = gather_object(rows)
-    metrics = summarize_grpo(rows, steps, seconds, sampler.name == "vllm")
+    metrics = summarize_grpo(rows, steps, seconds)
     metrics["train/step_seconds"] = clock.seconds
     metrics["train/phase_seconds"] = phase_profile(phases, clock.seconds)
     metrics["train/step_phase_seconds"] = clock.phases_per_step
@@ -192,7 +191,7 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     return metrics, rows
 
 
-def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_vllm: bool) -> dict[str, Any]:
+def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float) -> dict[str, Any]:
     by_step, by_size = group(rows, "step"), group(rows, "size")
 
     def stats(rs: list[dict]) -> dict[str, float]:
@@ -203,7 +202,7 @@ def summarize_grpo(rows: list[dict[str, Any]], steps: int, seconds: float, use_v
     first = [r for h in history[:quarter] for r in by_step[h["step"]]]
     last = [r for h in history[-quarter:] for r in by_step[h["step"]]]
     overall = stats(rows)
-    return {"train/steps": steps, "train/trajectories": len(rows), "train/seconds": seconds, "train/use_vllm": use_vllm,
+    return {"train/steps": steps, "train/trajectories": len(rows), "train/seconds": seconds,
             "train/reward_mean": overall["reward"], "train/valid_rate": overall["valid"], "train/optimal_rate": overall["optimal"],
             "train/reward_first_quarter": stats(first)["reward"], "train/reward_last_quarter": stats(last)["reward"],
             "train/valid_first_quarter": stats(first)["valid"], "train/valid_last_quarter": stats(last)["valid"],

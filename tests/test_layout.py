@@ -33,7 +33,7 @@ def project_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("folder", sorted(MAY_IMPORT))
 def test_each_folder_imports_only_the_folders_below_it(folder):
-    for path in sorted((ROOT / folder).glob("*.py")):
+    for path in sorted((ROOT / folder).rglob("*.py")):  # subpackages too
         used = {name.split(".")[0] for name in project_imports(path)} - {folder}
         assert used <= MAY_IMPORT[folder], f"{path.relative_to(ROOT)} imports {sorted(used - MAY_IMPORT[folder])}"
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator
 
-from pipeline.params import TrainSettings
-from policy.accel.options import (Phase, compile_mode, compiles, packed_attention_name, padding_multiple,
+from policy.accel.options import (Phase, Settings, compile_mode, compiles, packed_attention_name, padding_multiple,
                                   uses_decoder_graph)
 from policy.lora import causal_lm
 
@@ -104,7 +103,7 @@ def packed_attention(model: Any, wanted: str | None) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def training_kernels(model: Any, config: TrainSettings, device: str, phase: Phase,
+def training_kernels(model: Any, config: Settings, device: str, phase: Phase,
                      lora: bool = False) -> Iterator[Any]:
     """What a phase's training passes run with while inside: the warm start's padding-free attention
     (:func:`packed_attention`), the SDPA kernels of ``attention_kernel`` (:func:`attention_kernels`), LoRA in half
@@ -122,7 +121,7 @@ def training_kernels(model: Any, config: TrainSettings, device: str, phase: Phas
         yield stack.enter_context(decoder_graphs(model, uses_decoder_graph(config, device, phase)))
 
 
-def warm_start_collator(trainer: Any, model: Any, config: TrainSettings, device: str) -> Any:
+def warm_start_collator(trainer: Any, model: Any, config: Settings, device: str) -> Any:
     """The warm-start trainer's collator, wrapped for what its passes run with: with varlen attention, every row's
     segments padded to a fixed count (:class:`policy.accel.packed_attention.FixedSegments`, so compiled shapes repeat);
     with ``sft_label_selection: index``, the loss positions listed (:class:`policy.accel.label_index.LabelPositions`,

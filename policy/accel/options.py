@@ -6,13 +6,15 @@ padding multiples, padding-free attention and parallel tokenization. :mod:`polic
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
-from pipeline.params import TrainSettings
 from policy.devices import world_size
 
 Phase = Literal["sft", "grpo"]
 """A training phase: the supervised pass ('sft') or GRPO ('grpo')."""
+Settings = Any
+"""The train step's settings, params.yaml's ``train`` section (:class:`pipeline.params.TrainSettings`): typed loosely
+because ``policy`` sits below ``pipeline`` and never imports it."""
 
 
 CHECKPOINTING_MIN_PARAMS = 1_000_000_000
@@ -27,18 +29,18 @@ def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool
     return device == "cuda" and parameters >= CHECKPOINTING_MIN_PARAMS
 
 
-def compiles(config: TrainSettings, phase: Phase) -> bool:
+def compiles(config: Settings, phase: Phase) -> bool:
     """Whether ``phase`` runs compiled (``torch_compile``: true for both phases, 'sft' or 'grpo' for that phase only)."""
     return config.torch_compile is True or config.torch_compile == phase
 
 
-def compile_mode(config: TrainSettings, device: str) -> str:
+def compile_mode(config: Settings, device: str) -> str:
     """torch.compile's mode for the training passes: ``compile_mode`` on CUDA, 'default' elsewhere (CUDA graphs need
     CUDA); 'decoder-graph' compiles in the default mode (:func:`uses_decoder_graph` says where its graphs apply)."""
     return config.compile_mode if device == "cuda" else "default"
 
 
-def uses_decoder_graph(config: TrainSettings, device: str, phase: Phase) -> bool:
+def uses_decoder_graph(config: Settings, device: str, phase: Phase) -> bool:
     """Whether ``phase``'s passes replay the decoder as CUDA graphs (``compile_mode: decoder-graph``,
     policy/accel/decoder_graph.py): a compiled warm start of padding-free rows through varlen attention on CUDA, whose row
     shapes repeat."""
@@ -64,7 +66,7 @@ own, compiled and recorded again (steps of about 5 s on an H200); with 2048 the 
 three widths, 3.4% of the row padding (docs/lab-notes/benchmarks.md)."""
 
 
-def padding_multiple(config: TrainSettings, phase: Phase) -> int | None:
+def padding_multiple(config: Settings, phase: Phase) -> int | None:
     """The padding multiple handed to TRL for ``phase``: the setting, or for 'auto' in a compiled phase
     PAD_MULTIPLE_WHEN_COMPILED (ROW_PAD_MULTIPLE_WHEN_COMPILED for the warm start's padding-free rows); None when not
     compiled."""
@@ -82,7 +84,7 @@ but quadratic in the batch's total length); PyTorch's variable-length attention 
 boundaries alone. Neither has a backward pass on the CPU, which keeps the model's own (SDPA)."""
 
 
-def packed_attention_name(config: TrainSettings, device: str) -> str | None:
+def packed_attention_name(config: Settings, device: str) -> str | None:
     """The attention implementation padding-free warm-start batches switch to (None: the model's own)."""
     if not config.sft_padding_free:
         return None

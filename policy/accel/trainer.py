@@ -8,12 +8,11 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-from pipeline.params import TrainSettings
-from policy.accel.options import Phase, compile_mode, compiles, padding_multiple, use_checkpointing
+from policy.accel.options import Phase, Settings, compile_mode, compiles, padding_multiple, use_checkpointing
 from policy.lora import causal_lm
 
 
-def trainer_arguments(config: TrainSettings, device: str, work: Path, model: Any, phase: Phase,
+def trainer_arguments(config: Settings, device: str, work: Path, model: Any, phase: Phase,
                  log_every: int = 1) -> dict[str, Any]:
     """The arguments of TRL's ``SFTConfig`` / ``GRPOConfig`` that both phases share: where to write, logging, seed,
     precision, recomputation, whole-model compilation, padding and the data loader."""
@@ -29,7 +28,7 @@ def trainer_arguments(config: TrainSettings, device: str, work: Path, model: Any
             "pad_to_multiple_of": padding_multiple(config, phase), **_loader_args(config, device, phase)}
 
 
-def _loader_args(config: TrainSettings, device: str, phase: Phase) -> dict[str, Any]:
+def _loader_args(config: Settings, device: str, phase: Phase) -> dict[str, Any]:
     """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied
     to the GPU without the CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every
     step queued before it). GRPO's loader collates in the training process, as transformers sets it otherwise."""
@@ -43,7 +42,7 @@ def _loader_args(config: TrainSettings, device: str, phase: Phase) -> dict[str, 
     return args
 
 
-def graph_steps(config: TrainSettings, device: str, phase: Phase) -> Any:
+def graph_steps(config: Settings, device: str, phase: Phase) -> Any:
     """With CUDA graphs (``compile_mode: reduce-overhead`` in a compiled phase), a trainer callback that tells torch
     each optimizer step begins a new iteration (``torch.compiler.cudagraph_mark_step_begin``), so the graphs' output
     buffers of the step before may be reused; None otherwise."""

@@ -95,7 +95,7 @@ class _FakeVLLM:
 
 
 def test_vllm_rollout_hands_the_current_adapter_to_the_engine_every_cycle(tiny_model_dir, tmp_path):
-    """train.grpo_generation = 'vllm-lora': each call saves the trainer's adapter as it is then and names it in a new
+    """train.sampler = 'vllm-lora': each call saves the trainer's adapter as it is then and names it in a new
     LoRA request (new id: vLLM caches adapters by id), removes the previous cycle's copy, sends the chat-templated
     prompts' token ids, and returns completions cut after their first end token; close() removes the copies."""
     import torch
@@ -150,8 +150,8 @@ def test_vllm_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path
     from pipeline.params import PolicySettings, TrainSettings
     from policy.grpo_rollout import vllm_rollout
 
-    with pytest.raises(ValueError, match=f"grpo_generation = '{sampler}'.*set grpo_generation to 'auto'"):
-        vllm_rollout(None, None, [], TrainSettings(grpo_generation=sampler), PolicySettings(), "cpu", tmp_path,
+    with pytest.raises(ValueError, match=f"train.sampler = '{sampler}'.*set train.sampler to 'auto'"):
+        vllm_rollout(None, None, [], TrainSettings(sampler=sampler), PolicySettings(), "cpu", tmp_path,
                      per_call=32)
 
 
@@ -161,8 +161,8 @@ def test_vllm_lora_generation_refuses_a_data_parallel_launch(tmp_path, monkeypat
     from policy.grpo_rollout import vllm_rollout
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="2 processes; set grpo_generation to 'auto'"):
-        vllm_rollout(None, None, [], TrainSettings(grpo_generation="vllm-lora"), PolicySettings(), "cuda", tmp_path,
+    with pytest.raises(ValueError, match="2 processes; set train.sampler to 'backend' or 'trl-vllm'"):
+        vllm_rollout(None, None, [], TrainSettings(sampler="vllm-lora"), PolicySettings(), "cuda", tmp_path,
                      per_call=32)
 
 
@@ -206,7 +206,7 @@ def test_merged_lora_weights_equal_peft_merge_and_leave_the_trainer_unchanged(ti
 
 
 def test_vllm_merged_rollout_loads_the_current_weights_every_cycle_and_clears_the_prefix_cache(tiny_model_dir, tmp_path):
-    """train.grpo_generation = 'vllm-merged': before each generation call the engine's model gets the merged weights of
+    """train.sampler = 'vllm-merged': before each generation call the engine's model gets the merged weights of
     that moment (after an optimizer step, different ones) and its prefix cache is cleared; generation gets no LoRA
     request; the per-cycle log counts completions and their tokens."""
     from types import SimpleNamespace

@@ -10,6 +10,9 @@ from envgen.generator import generate
 from envgen.parse import ParsedPlan, parse_answer
 from envgen.prompt import PromptStyle
 from pipeline.params import PolicySettings, TrainSettings
+from policy.accel import kernels as accel_kernels
+from policy.accel import options as accel_options
+from policy.accel import profile as accel_profile
 from steps import train as train_mod
 from steps.train import demonstrations, train
 
@@ -202,13 +205,13 @@ def generate_calls(monkeypatch) -> list[int]:
 
 
 def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, stage, tmp_path, generate_calls):
-    """``grpo_generation: backend``: TRL's GRPO gets its completions from the project's transformers backend (the
+    """``sampler: backend``: TRL's GRPO gets its completions from the project's transformers backend (the
     trainer's own LoRA model, one completion per repeated prompt), and the same seed samples the same completions."""
     runs = []
     for name in ("a", "b"):
         out = tmp_path / name
         metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                        *tiny(tiny_model_dir, recipe="grpo", grpo_generation="backend"))
+                        *tiny(tiny_model_dir, recipe="grpo", sampler="backend"))
         assert metrics["train/generation"] == "backend" and metrics["train/trajectories"] == 8
         phases = metrics["train/phase_seconds"]  # the project's sampler is one phase of the GRPO profile
         assert phases["backend.generate"] > 0 and phases["backend.generate"] <= phases["_prepare_inputs"]
@@ -219,7 +222,7 @@ def test_grpo_samples_through_the_project_backend_reproducibly(tiny_model_dir, s
 
 def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(tiny_model_dir, stage, tmp_path,
                                                                                   monkeypatch):
-    """``grpo_generation: vllm-lora`` (an engine that answers like vLLM, as vLLM needs CUDA): TRL trains on the
+    """``sampler: vllm-lora`` (an engine that answers like vLLM, as vLLM needs CUDA): TRL trains on the
     completions it returns, one generation call per cycle with the adapter of that moment, the engine is closed after
     training and its timings are in the metrics."""
     import policy.grpo_rollout
@@ -258,7 +261,7 @@ def test_grpo_through_vllm_lora_trains_on_its_completions_and_stops_the_engine(t
     monkeypatch.setattr(policy.grpo_rollout, "vllm_rollout", fake)
     out = tmp_path / "v"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                    *tiny(tiny_model_dir, recipe="grpo", grpo_generation="vllm-lora", trajectories=16, generation_steps=2))
+                    *tiny(tiny_model_dir, recipe="grpo", sampler="vllm-lora", trajectories=16, generation_steps=2))
     rollout, = made
     assert metrics["train/generation"] == "vllm-lora" and metrics["train/trajectories"] == 16
     assert rollout.engine is None and rollout.closed and rollout.cycles == 1  # 2 steps sampled in one call
@@ -273,13 +276,14 @@ def tok_text(model_dir, ids):
     return AutoTokenizer.from_pretrained(model_dir).decode(ids, skip_special_tokens=True)
 
 
-def test_backend_generation_setting():
-    from policy.grpo_rollout import use_backend_generation
+def test_the_sampler_setting_resolves_auto_by_device_and_vllm():
+    from policy.grpo_rollout import resolve_sampler
 
-    assert use_backend_generation("auto", "cuda", use_vllm=False) is True
-    assert use_backend_generation("auto", "cuda", use_vllm=True) is False
-    assert use_backend_generation("auto", "cpu", use_vllm=False) is False
-    assert use_backend_generation("backend", "cpu", use_vllm=False) is True and not use_backend_generation("trl", "cuda", False)
+    assert resolve_sampler("auto", "cuda", vllm_installed=True) == "trl-vllm"
+    assert resolve_sampler("auto", "cuda", vllm_installed=False) == "backend"
+    assert resolve_sampler("auto", "cpu", vllm_installed=True) == "trl"
+    assert resolve_sampler("backend", "cpu", vllm_installed=False) == "backend"
+    assert resolve_sampler("vllm-lora", "cuda", vllm_installed=True) == "vllm-lora"
 
 
 def test_train_command_takes_params_and_overrides(tiny_model_dir, stage, tmp_path, capsys):
@@ -350,7 +354,7 @@ def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_mo
     steps_per_generation), the stage still trains its 2 steps on exactly the trajectory budget."""
     out = tmp_path / "k2"
     metrics = train(stage, out / "adapter", out / "c.parquet", out / "m.json",
-                    *tiny(tiny_model_dir, recipe="grpo", grpo_generation="backend", trajectories=16, generation_steps=2))
+                    *tiny(tiny_model_dir, recipe="grpo", sampler="backend", trajectories=16, generation_steps=2))
     assert generate_calls == [16]  # 2 steps x 2 prompts x G=4 in one call
     assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
     assert len(pq.read_table(out / "c.parquet")) == 16
@@ -521,7 +525,7 @@ def test_varlen_attention_trains_the_padded_loss_with_fixed_shapes(tiny_model_di
         return causal_per_segment(q, k, v, cu_seq, max_len, scale)
 
     monkeypatch.setattr(packed, "varlen_kernel", per_segment)
-    monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
+    monkeypatch.setitem(accel_options.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
     losses = {}
     for name, over in (("padded", {}), ("varlen", {"sft_padding_free": True, "sft_packed_attention": "varlen",
                                                   "pad_to_multiple_of": 512})):
@@ -550,10 +554,10 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
         return stack
 
     monkeypatch.setattr(packed, "varlen_kernel", causal_per_segment)
-    monkeypatch.setitem(train_mod.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
+    monkeypatch.setitem(accel_options.PACKED_ATTENTION["varlen"], "cpu", "varlen_packed")
     monkeypatch.setattr(graph_mod, "cuda_capture", stand_in)
-    plain = uses = train_mod.uses_decoder_graph
-    monkeypatch.setattr(train_mod, "uses_decoder_graph", lambda config, device, phase: phase == "sft" and (
+    plain = uses = accel_kernels.uses_decoder_graph
+    monkeypatch.setattr(accel_kernels, "uses_decoder_graph", lambda config, device, phase: phase == "sft" and (
         config.compile_mode == "decoder-graph" or plain(config, device, phase)))
     free = {"sft_padding_free": True, "pad_to_multiple_of": 512, "sft_epochs": 2, "compile_scope": "layers"}
     losses, details = {}, {}
@@ -580,7 +584,7 @@ def test_profile_env_writes_operator_tables_and_busy_share(tiny_model_dir, stage
 
     from steps import train as train_step
 
-    monkeypatch.setenv(train_step.PROFILE_ENV, str(tmp_path / "prof"))
+    monkeypatch.setenv(accel_profile.PROFILE_ENV, str(tmp_path / "prof"))
     monkeypatch.setattr(train_step, "profile_callback", functools.partial(train_step.profile_callback, first=0, last=1))
     out = tmp_path / "run"
     train(stage, out / "adapter", out / "c.parquet", out / "m.json", *tiny(tiny_model_dir, recipe="distill"))
@@ -762,6 +766,6 @@ def test_lora_uncast_keeps_activations_as_they_are_and_the_outputs_and_still_lea
     (2, 1, 50_000, None),  # a 2-core machine keeps its cores for training
 ])
 def test_tokenizer_processes_follow_the_demonstrations_and_the_cores(monkeypatch, cores, processes, examples, expected):
-    monkeypatch.setattr(train_mod.os, "sched_getaffinity", lambda pid: set(range(cores)))
-    monkeypatch.setattr(train_mod, "world_size", lambda: processes)
-    assert train_mod.tokenizer_processes(examples) == expected
+    monkeypatch.setattr(accel_options.os, "sched_getaffinity", lambda pid: set(range(cores)))
+    monkeypatch.setattr(accel_options, "world_size", lambda: processes)
+    assert accel_options.tokenizer_processes(examples) == expected
