@@ -30,7 +30,7 @@ Training (tokens/s of forward + backward + AdamW step on LoRA r=16 over all line
 
 - ``lm+ckpt``: next-token loss on every position with gradient checkpointing: the baseline's recipe;
 - ``grpo+ckpt`` / ``grpo``: GRPO's loss (log-probabilities of the 256 completion tokens only, weighted by advantages,
-  as TRL computes it with ``logits_to_keep``), with and without recomputation (``train.gradient_checkpointing``);
+  as TRL computes it with ``logits_to_keep``), with and without recomputation (``train.accel.gradient_checkpointing``);
 - any of them ``+compile`` (``torch.compile`` of the LoRA model) and ``:BATCH`` (sequences per pass).
 
 MFU counts the model's FLOPs (2 x forward: LoRA's frozen weights need no weight gradients; recomputation not counted)

@@ -28,15 +28,15 @@ from envgen.files import atomic_write_text  # noqa: E402
 VARIANTS: dict[str, dict[str, Any]] = {
     "trl": {"sampler": "trl"},  # TRL's padded generate, eager training: the baseline
     "backend": {"sampler": "backend"},  # GRPO samples through the project's static, compiled path
-    "compile": {"sampler": "trl", "torch_compile": True},
+    "compile": {"sampler": "trl", "accel": {"torch_compile": True}},
     # the project's generation, then the training passes compiled, batches padded to multiples of 128
-    "backend+compile": {"sampler": "backend", "torch_compile": True},
-    "backend+compile-sft": {"sampler": "backend", "torch_compile": "sft"},  # the warm start compiled only
+    "backend+compile": {"sampler": "backend", "accel": {"torch_compile": True}},
+    "backend+compile-sft": {"sampler": "backend", "accel": {"torch_compile": "sft"}},  # the warm start compiled only
     # the same without recomputing activations (needs a smaller --micro-batch for Qwen3-4B)
-    "backend+compile+nockpt": {"sampler": "backend", "torch_compile": True, "gradient_checkpointing": False},
-    "backend+nockpt": {"sampler": "backend", "gradient_checkpointing": False},
+    "backend+compile+nockpt": {"sampler": "backend", "accel": {"torch_compile": True, "gradient_checkpointing": False}},
+    "backend+nockpt": {"sampler": "backend", "accel": {"gradient_checkpointing": False}},
     "vllm": {"sampler": "trl-vllm"},  # TRL's colocated vLLM samples, adapter synced every step
-    "vllm+nockpt": {"sampler": "trl-vllm", "gradient_checkpointing": False},
+    "vllm+nockpt": {"sampler": "trl-vllm", "accel": {"gradient_checkpointing": False}},
 }
 """Train-step settings compared, by name."""
 
@@ -75,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sft", action="store_true", help="GRPO only")
     parser.add_argument("--variants", default="trl,backend", help="in order, comma-separated: 'trl' (TRL's own "
                         "generation, eager: the baseline), 'backend' (train.sampler: backend), 'compile' "
-                        "(train.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
+                        "(train.accel.torch_compile), 'backend+compile' (both; batches padded to multiples of 128), "
                         "'backend+compile-sft' (the warm start compiled only), "
-                        "'backend+nockpt' and 'backend+compile+nockpt' (train.gradient_checkpointing off), "
+                        "'backend+nockpt' and 'backend+compile+nockpt' (train.accel.gradient_checkpointing off), "
                         "'vllm' and 'vllm+nockpt' (train.sampler: trl-vllm)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)

@@ -47,16 +47,35 @@ def params_page() -> str:
              "Each section is typed once in `pipeline/params.py`; every step reads it through one loader and takes "
              "overrides as `--set section.key=value` (the words of `dvc exp run -S`). A wrong section, field or value "
              "is an error naming it and the fix, before anything runs.", ""]
+    seen: dict[type, str] = {}
     for section, field in Params.model_fields.items():
         lines += [f"## `{section}`", "", _cell(field.description or ""), ""]
         model = typing.get_args(field.annotation)[0] if typing.get_origin(field.annotation) is list else field.annotation
         if isinstance(model, type) and issubclass(model, BaseModel):
-            lines += ["| field | type | default | description |", "|---|---|---|---|"]
-            for name, sub in model.model_fields.items():
-                lines.append(f"| `{name}` | {_cell(_type_name(sub.annotation))} | {_cell(_default(sub))} | "
-                             f"{_cell(sub.description or '')} |")
-            lines.append("")
+            lines += _field_tables(model, section, seen)
     return "\n".join(lines)
+
+
+def _field_tables(model: Any, path: str, seen: dict[type, str]) -> list[str]:
+    """The table of ``model``'s fields, then one for each field that is itself a settings model (once per model: a
+    model met again, such as ``start.train``, points to where its table is)."""
+    from pydantic import BaseModel
+
+    if model in seen:
+        return [f"The fields of [`{seen[model]}`](#{seen[model].replace('.', '')}).", ""]
+    seen[model] = path
+    lines = ["| field | type | default | description |", "|---|---|---|---|"]
+    nested = []
+    for name, sub in model.model_fields.items():
+        lines.append(f"| `{name}` | {_cell(_type_name(sub.annotation))} | {_cell(_default(sub))} | "
+                     f"{_cell(sub.description or '')} |")
+        if isinstance(sub.annotation, type) and issubclass(sub.annotation, BaseModel):
+            nested.append((name, sub))
+    lines.append("")
+    for name, sub in nested:
+        lines += [f"### `{path}.{name}`", "", _cell(sub.description or ""), ""]
+        lines += _field_tables(sub.annotation, f"{path}.{name}", seen)
+    return lines
 
 
 def environment_page() -> str:

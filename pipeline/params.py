@@ -158,24 +158,12 @@ GONE_TRAIN_KEYS = {
 """Keys of the train section that are gone, and what to do instead."""
 
 
-class TrainSettings(_Section):
-    """The train step (``train`` section): what a stage trains (``recipe``: solver distillation, GRPO, or both) on a
-    LoRA adapter."""
+class AccelSettings(_Section):
+    """How fast a stage's training passes run (``train.accel``; :mod:`policy.accel`): padding-free supervised
+    batches, data loading, recomputation, compilation and kernels. None of them changes what is learnt beyond
+    floating-point rounding, except ``sft_drop_last`` (which demonstrations an epoch sees); the defaults suit the CPU
+    and one GPU, and what each was measured to do is in docs/lab-notes/benchmarks.md."""
 
-    recipe: Recipe = Field("distill+grpo", description="What a stage trains: " + "; ".join(
-        f"'{k}', {v}" for k, v in RECIPES.items()) + ".")
-    lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
-    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
-    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
-    lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
-    sft_epochs: float = Field(1.0, gt=0, le=100, description="Warm-start epochs over the stage's instances.")
-    sft_learning_rate: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate.")
-    sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
-    sft_micro_batch_size: int | None = Field(
-        None, ge=1, description="Examples per forward/backward pass of the supervised pass (None: the whole batch, or "
-        "with N data-parallel processes an N-th of it); a step accumulates gradients over the passes: memory, not "
-        "maths.")
-    sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
     sft_padding_free: bool = Field(
         False, description="Supervised batches without padding: a batch's demonstrations laid end to end in one row, "
         "each attending only within itself (TRL's padding_free; on CUDA through sft_packed_attention). The same "
@@ -197,6 +185,68 @@ class TrainSettings(_Section):
         "loop (transformers' dataloader_num_workers; the same batches in the same order): 'auto' is 2 on CUDA, where "
         "the training process's own time per step bounds a small model's steps, and 0 (collation in the training "
         "process) elsewhere.")
+    gradient_checkpointing: bool | Literal["auto"] = Field(
+        "auto", description="Recompute activations in the backward pass (less memory, more compute); 'auto': on for "
+        "CUDA models of 1B parameters or more, off otherwise.")
+    lora_autocast: bool | Literal["auto"] = Field(
+        "auto", description="On CUDA, LoRA layers take the bfloat16 activations as they are under the trainer's "
+        "autocast instead of casting them to the adapter's float32 (PEFT's disable_input_dtype_casting); 'auto': on "
+        "with the project's GRPO samplers.")
+    torch_compile: bool | Literal["sft", "grpo"] = Field(
+        False, description="torch.compile the training passes: true for both phases, 'sft' for the supervised pass "
+        "only, 'grpo' for GRPO's only (compile_scope and compile_mode say how).")
+    attention_kernel: Literal["auto", "efficient"] = Field(
+        "auto", description="The training passes' attention kernel on CUDA: 'auto' (PyTorch's choice) or 'efficient' "
+        "(the memory-efficient, then flash, then math kernels; not cuDNN's).")
+    compile_scope: Literal["model", "layers"] = Field(
+        "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
+        "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
+        "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
+    compile_mode: Literal["default", "reduce-overhead", "decoder-graph"] = Field(
+        "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'reduce-overhead' "
+        "(CUDA graphs) or 'decoder-graph' (with compile_scope 'layers': a padding-free supervised row's pass through "
+        "the whole decoder replayed as two CUDA graphs per row width; policy/accel/decoder_graph.py).")
+    pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
+        "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
+        "compiled phase (2048 for a compiled warm start's padding-free rows, sft_padding_free), else none (padding "
+        "costs compute).")
+
+    @model_validator(mode="after")
+    def _decoder_graph(self) -> AccelSettings:
+        if self.compile_mode == "decoder-graph" and self.compile_scope != "layers":
+            raise ValueError("train.accel.compile_mode = 'decoder-graph' captures a decoder whose layers are compiled one "
+                             f"by one; set train.accel.compile_scope to 'layers' (not {self.compile_scope!r})")
+        return self
+
+    @model_validator(mode="after")
+    def _label_selection(self) -> AccelSettings:
+        whole_model = self.torch_compile in (True, "sft") and self.compile_scope == "model"
+        if self.sft_label_selection == "index" and whole_model:
+            raise ValueError("train.accel.sft_label_selection = 'index' runs the backbone and the LM head apart, which a "
+                             "whole compiled model does not; set train.accel.compile_scope to 'layers', or "
+                             "train.accel.sft_label_selection to 'mask'")
+        return self
+
+
+class TrainSettings(_Section):
+    """The train step (``train`` section): what a stage trains (``recipe``: solver distillation, GRPO, or both) on a
+    LoRA adapter."""
+
+    recipe: Recipe = Field("distill+grpo", description="What a stage trains: " + "; ".join(
+        f"'{k}', {v}" for k, v in RECIPES.items()) + ".")
+    lora_r: int = Field(16, ge=1, le=512, description="LoRA rank.")
+    lora_alpha: int = Field(32, ge=1, description="LoRA scaling alpha.")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="LoRA dropout.")
+    lora_targets: str | list[str] = Field("all-linear", description="Modules that get LoRA: 'all-linear' or a list of names.")
+    sft_epochs: float = Field(1.0, gt=0, le=100, description="Warm-start epochs over the stage's instances.")
+    sft_learning_rate: float = Field(1e-3, gt=0, le=1, description="Warm-start learning rate.")
+    sft_batch_size: int = Field(16, ge=1, description="Warm-start examples per optimizer step.")
+    sft_micro_batch_size: int | None = Field(
+        None, ge=1, description="Examples per forward/backward pass of the supervised pass (None: the whole batch, or "
+        "with N data-parallel processes an N-th of it); a step accumulates gradients over the passes: memory, not "
+        "maths.")
+    sft_max_examples: int | None = Field(None, ge=1, description="Use at most this many demonstrations (None: all).")
     log_every: int = Field(
         1, ge=1, description="Warm-start optimizer steps per log line (loss, gradient norm, learning rate, entropy, "
         "token accuracy; the loss history has one point per line). Reading them from a GPU makes the CPU wait for it, "
@@ -229,41 +279,17 @@ class TrainSettings(_Section):
         "fresh", description="What stage 0 continues from (init-curriculum): 'fresh', a new LoRA adapter seeded by "
         "train.seed (the base model's behaviour), or 'start', the shared starting policy (data/start/adapter, the start "
         "section), whose LoRA shape then replaces lora_r, lora_alpha and lora_targets.")
-    gradient_checkpointing: bool | Literal["auto"] = Field(
-        "auto", description="Recompute activations in the backward pass (less memory, more compute); 'auto': on for "
-        "CUDA models of 1B parameters or more, off otherwise.")
-    lora_autocast: bool | Literal["auto"] = Field(
-        "auto", description="On CUDA, LoRA layers take the bfloat16 activations as they are under the trainer's "
-        "autocast instead of casting them to the adapter's float32 (PEFT's disable_input_dtype_casting); 'auto': on "
-        "with the project's GRPO samplers.")
-    torch_compile: bool | Literal["sft", "grpo"] = Field(
-        False, description="torch.compile the training passes: true for both phases, 'sft' for the supervised pass "
-        "only, 'grpo' for GRPO's only (compile_scope and compile_mode say how).")
-    attention_kernel: Literal["auto", "efficient"] = Field(
-        "auto", description="The training passes' attention kernel on CUDA: 'auto' (PyTorch's choice) or 'efficient' "
-        "(the memory-efficient, then flash, then math kernels; not cuDNN's).")
-    compile_scope: Literal["model", "layers"] = Field(
-        "model", description="What torch_compile compiles: 'model', the whole model at once (the trainer's "
-        "torch_compile; minutes of compilation for the embedded model), or 'layers', each decoder layer on its own "
-        "(regional compilation: every layer runs the one compiled code, so compilation takes about one layer's time).")
-    compile_mode: Literal["default", "reduce-overhead", "decoder-graph"] = Field(
-        "default", description="torch.compile's mode for what torch_compile compiles: 'default', 'reduce-overhead' "
-        "(CUDA graphs) or 'decoder-graph' (with compile_scope 'layers': a padding-free supervised row's pass through "
-        "the whole decoder replayed as two CUDA graphs per row width; policy/accel/decoder_graph.py).")
-    pad_to_multiple_of: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
-        "auto", description="Pad each training batch's sequences (SFT) and prompts and completions (GRPO) to a multiple "
-        "of this many tokens, so a compiled model sees a few shapes instead of one per batch. 'auto': 128 for a "
-        "compiled phase (2048 for a compiled warm start's padding-free rows, sft_padding_free), else none (padding "
-        "costs compute).")
-
-
+    accel: AccelSettings = Field(default_factory=AccelSettings, description="How fast the passes run "
+                                 "(AccelSettings: padding-free batches, compilation, kernels, recomputation).")
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
         if isinstance(data, Mapping):
-            gone = [key for key in GONE_TRAIN_KEYS if key in data]
+            why = {**{key: f"moved to train.accel.{key} (write it under accel:)" for key in AccelSettings.model_fields},
+                   **GONE_TRAIN_KEYS}
+            gone = [key for key in why if key in data]
             if gone:
-                raise ValueError("; ".join(f"train.{key}: {GONE_TRAIN_KEYS[key]}" for key in gone))
+                raise ValueError("; ".join(f"train.{key}: {why[key]}" for key in gone))
         return data
 
     @property
@@ -275,22 +301,6 @@ class TrainSettings(_Section):
     def reinforces(self) -> bool:
         """Whether a stage runs GRPO."""
         return self.recipe in ("grpo", "distill+grpo")
-
-    @model_validator(mode="after")
-    def _decoder_graph(self) -> TrainSettings:
-        if self.compile_mode == "decoder-graph" and self.compile_scope != "layers":
-            raise ValueError("train.compile_mode = 'decoder-graph' captures a decoder whose layers are compiled one "
-                             f"by one; set train.compile_scope to 'layers' (not {self.compile_scope!r})")
-        return self
-
-    @model_validator(mode="after")
-    def _label_selection(self) -> TrainSettings:
-        whole_model = self.torch_compile in (True, "sft") and self.compile_scope == "model"
-        if self.sft_label_selection == "index" and whole_model:
-            raise ValueError("train.sft_label_selection = 'index' runs the backbone and the LM head apart, which a "
-                             "whole compiled model does not; set train.compile_scope to 'layers', or "
-                             "train.sft_label_selection to 'mask'")
-        return self
 
     @model_validator(mode="after")
     def _micro_batches(self) -> TrainSettings:

@@ -384,7 +384,7 @@ def grpo_sampler(model: Any, tok: Any, data: list[dict[str, Any]], config: Setti
                               "vllm_max_model_length": longest_prompt_tokens(tok, data) + config.max_completion_length})
     if name == "trl":
         return Sampler(name)
-    lora = uses_lora_autocast(config.lora_autocast, device)
+    lora = uses_lora_autocast(config.accel.lora_autocast, device)
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is marked experimental in TRL
     if name in VLLM_SAMPLERS:
         return Sampler(name, {}, vllm_rollout(model, tok, data, config, policy, device, work, per_call=per_call), lora)

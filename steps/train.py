@@ -112,8 +112,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                      learning_rate=config.sft_learning_rate,
                      lr_scheduler_type="cosine", warmup_steps=0.03, completion_only_loss=True,
                      # padding-free rows are not cut (TRL enforces max_length only on padded batches)
-                     max_length=None if config.sft_padding_free else 2048,
-                     padding_free=config.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
+                     max_length=None if config.accel.sft_padding_free else 2048,
+                     padding_free=config.accel.sft_padding_free, dataset_num_proc=tokenizer_processes(len(demos)))
     clock = step_clock()
     callbacks = [c for c in (clock, trainer_progress("train (warm start)", progress), graph_steps(config, device, "sft"),
                              profile_callback("sft")) if c is not None]
@@ -121,7 +121,7 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
                                          processing_class=tok, callbacks=callbacks)
     trainer.data_collator = warm_start_collator(trainer, model, config, device)
     start = time.perf_counter()
-    with training_kernels(model, config, device, "sft", uses_lora_autocast(config.lora_autocast, device)) as graphed:
+    with training_kernels(model, config, device, "sft", uses_lora_autocast(config.accel.lora_autocast, device)) as graphed:
         trainer.train()
     seconds = time.perf_counter() - start
     logged = [h for h in trainer.state.log_history if "loss" in h]

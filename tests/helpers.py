@@ -65,3 +65,12 @@ def write_params(path: Path, params: dict) -> Path:
 
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
+
+
+def train_settings(**keys):
+    """:class:`pipeline.params.TrainSettings` from flat keys, the speed settings (``AccelSettings``) put under
+    ``accel`` as params.yaml nests them."""
+    from pipeline.params import AccelSettings, TrainSettings
+
+    accel = {**keys.pop("accel", {}), **{k: keys.pop(k) for k in list(keys) if k in AccelSettings.model_fields}}
+    return TrainSettings(**keys, accel=accel)

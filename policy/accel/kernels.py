@@ -115,8 +115,8 @@ def training_kernels(model: Any, config: Settings, device: str, phase: Phase,
     with contextlib.ExitStack() as stack:
         stack.enter_context(lora_uncast(model, lora))
         stack.enter_context(packed_attention(model, packed_attention_name(config, device) if phase == "sft" else None))
-        stack.enter_context(attention_kernels(config.attention_kernel, device))
-        stack.enter_context(compiled_layers(model, compiles(config, phase) and config.compile_scope == "layers",
+        stack.enter_context(attention_kernels(config.accel.attention_kernel, device))
+        stack.enter_context(compiled_layers(model, compiles(config, phase) and config.accel.compile_scope == "layers",
                                             compile_mode(config, device)))
         yield stack.enter_context(decoder_graphs(model, uses_decoder_graph(config, device, phase)))
 
@@ -136,7 +136,7 @@ def warm_start_collator(trainer: Any, model: Any, config: Settings, device: str)
         # the row's padding is one segment too, shorter than the padding multiple
         multiple = padding_multiple(config, "sft") or 1
         collator = FixedSegments(collator, max(longest, multiple - 1))
-    if config.sft_label_selection == "index":
+    if config.accel.sft_label_selection == "index":
         from policy.accel.label_index import LabelPositions, plain_head
 
         plain_head(causal_lm(model))  # refuses a scaled head now

@@ -31,13 +31,13 @@ def use_checkpointing(setting: bool | str, device: str, parameters: int) -> bool
 
 def compiles(config: Settings, phase: Phase) -> bool:
     """Whether ``phase`` runs compiled (``torch_compile``: true for both phases, 'sft' or 'grpo' for that phase only)."""
-    return config.torch_compile is True or config.torch_compile == phase
+    return config.accel.torch_compile is True or config.accel.torch_compile == phase
 
 
 def compile_mode(config: Settings, device: str) -> str:
     """torch.compile's mode for the training passes: ``compile_mode`` on CUDA, 'default' elsewhere (CUDA graphs need
     CUDA); 'decoder-graph' compiles in the default mode (:func:`uses_decoder_graph` says where its graphs apply)."""
-    return config.compile_mode if device == "cuda" else "default"
+    return config.accel.compile_mode if device == "cuda" else "default"
 
 
 def uses_decoder_graph(config: Settings, device: str, phase: Phase) -> bool:
@@ -70,11 +70,11 @@ def padding_multiple(config: Settings, phase: Phase) -> int | None:
     """The padding multiple handed to TRL for ``phase``: the setting, or for 'auto' in a compiled phase
     PAD_MULTIPLE_WHEN_COMPILED (ROW_PAD_MULTIPLE_WHEN_COMPILED for the warm start's padding-free rows); None when not
     compiled."""
-    if config.pad_to_multiple_of != "auto":
-        return config.pad_to_multiple_of
+    if config.accel.pad_to_multiple_of != "auto":
+        return config.accel.pad_to_multiple_of
     if not compiles(config, phase):
         return None
-    return ROW_PAD_MULTIPLE_WHEN_COMPILED if phase == "sft" and config.sft_padding_free else PAD_MULTIPLE_WHEN_COMPILED
+    return ROW_PAD_MULTIPLE_WHEN_COMPILED if phase == "sft" and config.accel.sft_padding_free else PAD_MULTIPLE_WHEN_COMPILED
 
 
 PACKED_ATTENTION = {"flex": {"cuda": "flex_attention"}, "varlen": {"cuda": "varlen_packed"}}
@@ -86,9 +86,9 @@ boundaries alone. Neither has a backward pass on the CPU, which keeps the model'
 
 def packed_attention_name(config: Settings, device: str) -> str | None:
     """The attention implementation padding-free warm-start batches switch to (None: the model's own)."""
-    if not config.sft_padding_free:
+    if not config.accel.sft_padding_free:
         return None
-    name = PACKED_ATTENTION[config.sft_packed_attention].get(device)
+    name = PACKED_ATTENTION[config.accel.sft_packed_attention].get(device)
     if name == "varlen_packed":
         from policy.accel.packed_attention import register
 

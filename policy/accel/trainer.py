@@ -17,13 +17,13 @@ def trainer_arguments(config: Settings, device: str, work: Path, model: Any, pha
     """The arguments of TRL's ``SFTConfig`` / ``GRPOConfig`` that both phases share: where to write, logging, seed,
     precision, recomputation, whole-model compilation, padding and the data loader."""
     cuda = device == "cuda"
-    checkpointing = use_checkpointing(config.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
+    checkpointing = use_checkpointing(config.accel.gradient_checkpointing, device, sum(p.numel() for p in model.parameters()))
     compiled = compiles(config, phase)
     return {"output_dir": str(work), "report_to": "none", "save_strategy": "no", "logging_steps": log_every,
             "seed": config.seed, "bf16": cuda, "use_cpu": not cuda, "gradient_checkpointing": checkpointing,
-            "disable_tqdm": True, "torch_compile": compiled and config.compile_scope == "model",
+            "disable_tqdm": True, "torch_compile": compiled and config.accel.compile_scope == "model",
             # transformers compiles the whole model whenever a mode is set, so only with compile_scope 'model'
-            "torch_compile_mode": (config.compile_mode if compiled and config.compile_scope == "model"
+            "torch_compile_mode": (config.accel.compile_mode if compiled and config.accel.compile_scope == "model"
                                    and compile_mode(config, device) != "default" else None),
             "pad_to_multiple_of": padding_multiple(config, phase), **_loader_args(config, device, phase)}
 
@@ -34,8 +34,8 @@ def _loader_args(config: Settings, device: str, phase: Phase) -> dict[str, Any]:
     step queued before it). GRPO's loader collates in the training process, as transformers sets it otherwise."""
     if phase != "sft":
         return {"dataloader_num_workers": 0}
-    workers = config.sft_loader_workers
-    args: dict[str, Any] = {"dataloader_drop_last": config.sft_drop_last,
+    workers = config.accel.sft_loader_workers
+    args: dict[str, Any] = {"dataloader_drop_last": config.accel.sft_drop_last,
                             "dataloader_num_workers": (2 if device == "cuda" else 0) if workers == "auto" else workers}
     if device == "cuda":
         args |= {"dataloader_pin_memory": True, "accelerator_config": {"non_blocking": True}}

@@ -85,6 +85,8 @@ def test_one_override_syntax_the_words_of_dvc_exp_run_S():
     (["train.continuous_batching=false"], "train.continuous_batching: removed"),
     (["start.train.sft_group_by_length=true"], "train.sft_group_by_length: removed"),
     (["train.sampler=vllm"], "train.sampler = 'vllm'"),
+    (["train.torch_compile=true"], "train.torch_compile: moved to train.accel.torch_compile"),
+    (["train.accel.compile_mode=decoder-graph"], "set train.accel.compile_scope to 'layers'"),
     (["train.seed"], "use SECTION.KEY=VALUE"),
     (["train.seed=[1"], "not valid YAML"),
     (["train..seed=1"], "use SECTION.KEY=VALUE"),

@@ -6,8 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.params import TrainSettings
 from policy.accel.decoder_graph import DecoderStack, copier, decoder_graphs, decoder_of
+from tests.helpers import train_settings
 
 
 @pytest.fixture()
@@ -114,19 +114,19 @@ def test_what_cannot_be_captured_is_refused_with_the_fix(model):
     with pytest.raises(ValueError, match="gradient_checkpointing to false"), decoder_graphs(model, True):
         pass
     with pytest.raises(ValidationError, match="compile_scope to 'layers'"):
-        TrainSettings(torch_compile="sft", compile_mode="decoder-graph")
+        train_settings(torch_compile="sft", compile_mode="decoder-graph")
 
 
 def test_decoder_graph_applies_to_compiled_padding_free_warm_starts_on_cuda_only():
-    from policy.accel.trainer import graph_steps
     from policy.accel.options import uses_decoder_graph
+    from policy.accel.trainer import graph_steps
 
-    on = TrainSettings(torch_compile="sft", compile_scope="layers", compile_mode="decoder-graph", sft_padding_free=True)
+    on = train_settings(torch_compile="sft", compile_scope="layers", compile_mode="decoder-graph", sft_padding_free=True)
     assert uses_decoder_graph(on, "cuda", "sft")
     assert not uses_decoder_graph(on, "cpu", "sft") and not uses_decoder_graph(on, "cuda", "grpo")
     for off in ({"sft_padding_free": False}, {"torch_compile": False}, {"torch_compile": "grpo"},
                 {"sft_packed_attention": "flex"}, {"compile_mode": "reduce-overhead"}):
-        assert not uses_decoder_graph(on.model_copy(update=off), "cuda", "sft"), off
+        assert not uses_decoder_graph(on.model_copy(update={"accel": on.accel.model_copy(update=off)}), "cuda", "sft"), off
     assert graph_steps(on, "cuda", "sft") is None  # no cudagraph_mark_step_begin: torch.compile records no graphs
 
 

@@ -1,6 +1,7 @@
 import pytest
 
 from policy.grpo_rollout import backend_rollout, cut_completion, longest_prompt
+from tests.helpers import train_settings
 
 
 def test_completion_cut():
@@ -147,22 +148,22 @@ def test_vllm_rollout_hands_the_current_adapter_to_the_engine_every_cycle(tiny_m
 def test_vllm_generation_refuses_a_machine_without_cuda(tiny_model_dir, tmp_path, sampler):
     """On the CPU (or without vLLM) 'vllm-lora' and 'vllm-merged' fail before training with the setting's name and
     the fix."""
-    from pipeline.params import PolicySettings, TrainSettings
+    from pipeline.params import PolicySettings
     from policy.grpo_rollout import vllm_rollout
 
     with pytest.raises(ValueError, match=f"train.sampler = '{sampler}'.*set train.sampler to 'auto'"):
-        vllm_rollout(None, None, [], TrainSettings(sampler=sampler), PolicySettings(), "cpu", tmp_path,
+        vllm_rollout(None, None, [], train_settings(sampler=sampler), PolicySettings(), "cpu", tmp_path,
                      per_call=32)
 
 
 def test_vllm_lora_generation_refuses_a_data_parallel_launch(tmp_path, monkeypatch):
     """One engine per trainer: a launch of several processes is refused with the alternatives named."""
-    from pipeline.params import PolicySettings, TrainSettings
+    from pipeline.params import PolicySettings
     from policy.grpo_rollout import vllm_rollout
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="2 processes; set train.sampler to 'backend' or 'trl-vllm'"):
-        vllm_rollout(None, None, [], TrainSettings(sampler="vllm-lora"), PolicySettings(), "cuda", tmp_path,
+        vllm_rollout(None, None, [], train_settings(sampler="vllm-lora"), PolicySettings(), "cuda", tmp_path,
                      per_call=32)
 
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from pipeline.params import TrainSettings
 from policy.accel.label_index import LabelPositions, indexed_log_probs, plain_head
+from tests.helpers import train_settings
 
 
 def padded_batch(examples):
@@ -63,6 +63,6 @@ def test_a_scaled_head_and_a_whole_compiled_model_are_refused_with_the_fix(tiny_
     with pytest.raises(ValueError, match="final_logit_softcapping.*sft_label_selection to 'mask'"):
         plain_head(model)
     with pytest.raises(ValidationError, match="compile_scope to 'layers'"):
-        TrainSettings(sft_label_selection="index", torch_compile="sft")
-    TrainSettings(sft_label_selection="index", torch_compile="sft", compile_scope="layers")
-    TrainSettings(sft_label_selection="index", torch_compile="grpo")
+        train_settings(sft_label_selection="index", torch_compile="sft")
+    train_settings(sft_label_selection="index", torch_compile="sft", compile_scope="layers")
+    train_settings(sft_label_selection="index", torch_compile="grpo")

@@ -15,6 +15,7 @@ from policy.accel import options as accel_options
 from policy.accel import profile as accel_profile
 from steps import train as train_mod
 from steps.train import demonstrations, train
+from tests.helpers import train_settings
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def stage(tmp_path_factory):
 def tiny(model_dir, **over) -> tuple[TrainSettings, PolicySettings]:
     base = dict(trajectories=8, num_generations=4, prompts_per_step=2, micro_batch_size=4, max_completion_length=12,
                 sft_batch_size=4, threads=1, lora_r=4, lora_alpha=8)
-    return TrainSettings(**{**base, **over}), PolicySettings(model=str(model_dir))
+    return train_settings(**{**base, **over}), PolicySettings(model=str(model_dir))
 
 
 def causal_per_segment(q, k, v, cu_seq, max_len, scale):
@@ -129,44 +130,44 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
     from policy.accel.trainer import trainer_arguments
 
     model = torch.nn.Linear(4, 4)
-    args = trainer_arguments(TrainSettings(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
+    args = trainer_arguments(train_settings(torch_compile=True, gradient_checkpointing=True), "cpu", tmp_path, model, "grpo")
     assert args["torch_compile"] is True and args["gradient_checkpointing"] is True and args["use_cpu"] is True
     assert args["pad_to_multiple_of"] == 128  # 'auto' with compilation: a few shapes, not one per batch
-    args = trainer_arguments(TrainSettings(), "cuda", tmp_path, model, "sft")
+    args = trainer_arguments(train_settings(), "cuda", tmp_path, model, "sft")
     assert args["torch_compile"] is False and args["gradient_checkpointing"] is False and args["bf16"] is True
     assert args["pad_to_multiple_of"] is None
-    warm_only = TrainSettings(torch_compile="sft", pad_to_multiple_of="auto")  # as params.yaml writes it
+    warm_only = train_settings(torch_compile="sft", pad_to_multiple_of="auto")  # as params.yaml writes it
     assert trainer_arguments(warm_only, "cuda", tmp_path, model, "sft")["torch_compile"] is True
     assert trainer_arguments(warm_only, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 128
     assert trainer_arguments(warm_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is False
     assert trainer_arguments(warm_only, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
-    rows = TrainSettings(torch_compile="sft", sft_padding_free=True)  # a padding-free row is padded as a whole
+    rows = train_settings(torch_compile="sft", sft_padding_free=True)  # a padding-free row is padded as a whole
     assert trainer_arguments(rows, "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] == 2048
     assert trainer_arguments(rows, "cuda", tmp_path, model, "grpo")["pad_to_multiple_of"] is None
-    assert trainer_arguments(TrainSettings(sft_padding_free=True), "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] is None
-    grpo_only = TrainSettings(torch_compile="grpo", pad_to_multiple_of="auto")
+    assert trainer_arguments(train_settings(sft_padding_free=True), "cuda", tmp_path, model, "sft")["pad_to_multiple_of"] is None
+    grpo_only = train_settings(torch_compile="grpo", pad_to_multiple_of="auto")
     assert trainer_arguments(grpo_only, "cuda", tmp_path, model, "grpo")["torch_compile"] is True
     assert trainer_arguments(grpo_only, "cuda", tmp_path, model, "sft")["torch_compile"] is False
     with pytest.raises(ValidationError, match="pad_to_multiple_of"):
-        TrainSettings(pad_to_multiple_of=0)
-    args = trainer_arguments(TrainSettings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
+        train_settings(pad_to_multiple_of=0)
+    args = trainer_arguments(train_settings(torch_compile=True, pad_to_multiple_of=64), "cuda", tmp_path, model, "grpo")
     assert args["pad_to_multiple_of"] == 64
     from trl import GRPOConfig, SFTConfig
 
     for kind in (SFTConfig, GRPOConfig):  # both trainers take the setting as it is passed
         assert kind(**{**args, "use_cpu": True, "bf16": False}).pad_to_multiple_of == 64
     # the warm start's batches: pinned and copied without a wait on CUDA, the short last one left out when asked
-    sft = trainer_arguments(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "sft")
+    sft = trainer_arguments(train_settings(sft_drop_last=True), "cuda", tmp_path, model, "sft")
     assert sft["accelerator_config"] == {"non_blocking": True} and sft["dataloader_pin_memory"] is True
     assert sft["dataloader_drop_last"] is True and sft["dataloader_num_workers"] == 2  # 'auto' on CUDA
-    assert trainer_arguments(TrainSettings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
-    assert trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
-    assert trainer_arguments(TrainSettings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
+    assert trainer_arguments(train_settings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
+    assert trainer_arguments(train_settings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
+    assert trainer_arguments(train_settings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
     with pytest.raises(ValidationError, match="sft_loader_workers"):
-        TrainSettings(sft_loader_workers=-1)
-    assert "accelerator_config" not in trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")
-    assert trainer_arguments(TrainSettings(), "cpu", tmp_path, model, "sft")["dataloader_drop_last"] is False
-    grpo_args = trainer_arguments(TrainSettings(sft_drop_last=True), "cuda", tmp_path, model, "grpo")
+        train_settings(sft_loader_workers=-1)
+    assert "accelerator_config" not in trainer_arguments(train_settings(), "cpu", tmp_path, model, "sft")
+    assert trainer_arguments(train_settings(), "cpu", tmp_path, model, "sft")["dataloader_drop_last"] is False
+    grpo_args = trainer_arguments(train_settings(sft_drop_last=True), "cuda", tmp_path, model, "grpo")
     assert "accelerator_config" not in grpo_args and "dataloader_drop_last" not in grpo_args
     config = SFTConfig(**{**sft, "use_cpu": True, "bf16": False})
     assert config.accelerator_config.non_blocking is True and config.dataloader_drop_last is True
@@ -359,7 +360,7 @@ def test_generation_steps_sample_several_steps_at_once_within_the_budget(tiny_mo
     assert metrics["train/steps"] == 2 and metrics["train/trajectories"] == 16
     assert len(pq.read_table(out / "c.parquet")) == 16
     with pytest.raises(ValidationError, match="generation_steps = 3 does not divide the GRPO step count 2"):
-        TrainSettings(trajectories=16, prompts_per_step=2, num_generations=4, micro_batch_size=4, generation_steps=3)
+        train_settings(trajectories=16, prompts_per_step=2, num_generations=4, micro_batch_size=4, generation_steps=3)
 
 
 def test_padding_free_warm_start_trains_the_same_loss(tiny_model_dir, stage, tmp_path):
@@ -501,9 +502,9 @@ def test_packed_attention_switches_on_cuda_only_and_restores(tiny_model_dir):
     from policy.accel.options import packed_attention_name
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa")
-    flex, varlen = TrainSettings(sft_padding_free=True, sft_packed_attention="flex"), TrainSettings(sft_padding_free=True)
+    flex, varlen = train_settings(sft_padding_free=True, sft_packed_attention="flex"), train_settings(sft_padding_free=True)
     for config, device, expected in ((flex, "cuda", "flex_attention"), (varlen, "cuda", "varlen_packed"),
-                                     (flex, "cpu", "sdpa"), (varlen, "cpu", "sdpa"), (TrainSettings(), "cuda", "sdpa")):
+                                     (flex, "cpu", "sdpa"), (varlen, "cpu", "sdpa"), (train_settings(), "cuda", "sdpa")):
         with packed_attention(model, packed_attention_name(config, device)):
             assert model.config._attn_implementation == expected
         assert model.config._attn_implementation == "sdpa"
@@ -558,7 +559,7 @@ def test_decoder_graph_trains_the_varlen_loss_through_one_capture_per_width(tiny
     monkeypatch.setattr(graph_mod, "cuda_capture", stand_in)
     plain = uses = accel_kernels.uses_decoder_graph
     monkeypatch.setattr(accel_kernels, "uses_decoder_graph", lambda config, device, phase: phase == "sft" and (
-        config.compile_mode == "decoder-graph" or plain(config, device, phase)))
+        config.accel.compile_mode == "decoder-graph" or plain(config, device, phase)))
     free = {"sft_padding_free": True, "pad_to_multiple_of": 512, "sft_epochs": 2, "compile_scope": "layers"}
     losses, details = {}, {}
     for name, mode, selection in (("varlen", "default", "mask"), ("graph", "decoder-graph", "mask"),
@@ -664,21 +665,21 @@ def test_compile_mode_reaches_the_layers_or_the_trainer_on_cuda_only(tmp_path, m
     'layers'), and marks every optimizer step for CUDA graphs; on the CPU it is 'default' throughout."""
     import torch
 
-    from policy.accel.trainer import trainer_arguments, graph_steps
     from policy.accel.kernels import compiled_layers
+    from policy.accel.trainer import graph_steps, trainer_arguments
 
-    graphs = TrainSettings(torch_compile="sft", compile_scope="layers", compile_mode="reduce-overhead")
+    graphs = train_settings(torch_compile="sft", compile_scope="layers", compile_mode="reduce-overhead")
     model = torch.nn.Linear(4, 4)
     assert trainer_arguments(graphs, "cuda", tmp_path, model, "sft")["torch_compile_mode"] is None
-    whole = graphs.model_copy(update={"compile_scope": "model"})
+    whole = train_settings(torch_compile="sft", compile_scope="model", compile_mode="reduce-overhead")
     assert trainer_arguments(whole, "cuda", tmp_path, model, "sft")["torch_compile_mode"] == "reduce-overhead"
     assert trainer_arguments(whole, "cuda", tmp_path, model, "grpo")["torch_compile_mode"] is None  # grpo not compiled
     assert trainer_arguments(whole, "cpu", tmp_path, model, "sft")["torch_compile_mode"] is None
     assert graph_steps(graphs, "cuda", "sft") is not None
     assert graph_steps(graphs, "cuda", "grpo") is None and graph_steps(graphs, "cpu", "sft") is None
-    assert graph_steps(TrainSettings(torch_compile=True), "cuda", "sft") is None
+    assert graph_steps(train_settings(torch_compile=True), "cuda", "sft") is None
     with pytest.raises(ValidationError, match="compile_mode"):
-        TrainSettings(compile_mode="max-autotune")
+        train_settings(compile_mode="max-autotune")
 
     modes = []
 
