@@ -24,12 +24,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envgen.cbs import Solved, Unsolved, solve  # noqa: E402
-from envgen.config import EnvConfig, SizeConfig, uniform_config  # noqa: E402
-from envgen.dataset import generate_verified  # noqa: E402
+from envgen.solver.cbs import Solved, Unsolved, solve  # noqa: E402
+from envgen.core.config import EnvConfig, SizeConfig, uniform_config  # noqa: E402
+from envgen.formats.dataset import generate_verified  # noqa: E402
 from envgen.generator import GeneratorOptions, draw_instance  # noqa: E402
-from envgen.grid import _steps, _tables, grid_of  # noqa: E402
-from envgen.simulate import check_plan, paths_to_moves  # noqa: E402
+from envgen.core.grid import _steps, _tables, grid_of  # noqa: E402
+from envgen.core.simulate import check_plan, paths_to_moves  # noqa: E402
 
 
 def training_configs(budget: int) -> dict[str, EnvConfig]:

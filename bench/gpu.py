@@ -54,7 +54,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envgen.files import atomic_write_text  # noqa: E402
+from envgen.core.files import atomic_write_text  # noqa: E402
 from policy.attention import DECODE_KERNELS, set_decode_kernel  # noqa: E402
 
 ARCHS: dict[str, dict[str, Any]] = {

@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envgen.dataset import read_instances  # noqa: E402
-from envgen.instance import Instance  # noqa: E402
-from envgen.planners import independent_plan  # noqa: E402
-from envgen.rates import OUTCOMES, rates, rates_by  # noqa: E402
-from envgen.simulate import Valid, check_plan  # noqa: E402
-from envgen.planners import Planned  # noqa: E402
+from envgen.formats.dataset import read_instances  # noqa: E402
+from envgen.core.instance import Instance  # noqa: E402
+from envgen.solver.planners import independent_plan  # noqa: E402
+from envgen.llm.rates import OUTCOMES, rates, rates_by  # noqa: E402
+from envgen.core.simulate import Valid, check_plan  # noqa: E402
+from envgen.solver.planners import Planned  # noqa: E402
 from policy.attention import DECODE_KERNELS, set_decode_kernel  # noqa: E402
 from pipeline.params import PolicySettings, RolloutSettings, load_params  # noqa: E402
 from steps.rollout import rollout  # noqa: E402

@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envgen.files import atomic_write_text  # noqa: E402
+from envgen.core.files import atomic_write_text  # noqa: E402
 
 
 def parse_counts(text: str, what: str) -> list[int]:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from envgen.config import uniform_config  # noqa: E402
+from envgen.core.config import uniform_config  # noqa: E402
 from envgen.generator import generate  # noqa: E402
-from envgen.prompt import PromptStyle, build_messages  # noqa: E402
+from envgen.llm.prompt import PromptStyle, build_messages  # noqa: E402
 from policy.backends import SamplingParams, TransformersBackend  # noqa: E402
 
 

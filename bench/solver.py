@@ -11,7 +11,7 @@ tests/data, 5-20 agents, with their published optima), ``movingai`` (``--movinga
 of a MovingAI scenario from ../shared/mapf-benchmarks or tests/data). ``--largest MAP:SCEN`` adds agents one at a time
 until a solver passes ``--cutoff`` seconds.
 
-The project's solver (every improvement on, :class:`envgen.cbs.CBSOptions`; ``--conflict-ties pairs`` for CBSH2-RTC's
+The project's solver (every improvement on, :class:`envgen.solver.cbs.CBSOptions`; ``--conflict-ties pairs`` for CBSH2-RTC's
 choice among equal conflicts, ``--option NAME=VALUE`` for any other option) and the plain search
 (:meth:`CBSOptions.plain`, with the same exhaustive back-ups) run in this process, timed by CPU time
 (``time.process_time``), after the map and the goals' distance tables are built (:func:`preprocess`). The external
@@ -45,12 +45,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from envgen.cbs import CBSOptions, Solved, SolverBudget, solve  # noqa: E402
-from envgen.config import SizeConfig  # noqa: E402
+from envgen.solver.cbs import CBSOptions, Solved, SolverBudget, solve  # noqa: E402
+from envgen.core.config import SizeConfig  # noqa: E402
 from envgen.generator import draw_instance  # noqa: E402
-from envgen.grid import grid_of  # noqa: E402
-from envgen.instance import HOLE, Instance  # noqa: E402
-from envgen.movingai import load_instance  # noqa: E402
+from envgen.core.grid import grid_of  # noqa: E402
+from envgen.core.instance import HOLE, Instance  # noqa: E402
+from envgen.formats.movingai import load_instance  # noqa: E402
 
 SHARED = ROOT.parent / "shared" / "mapf-benchmarks"
 TESTS = ROOT / "tests" / "data"

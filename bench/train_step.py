@@ -22,7 +22,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the project before bench/ (bench/envgen.py is a script)
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from envgen.files import atomic_write_text  # noqa: E402
+from envgen.core.files import atomic_write_text  # noqa: E402
 
 
 VARIANTS: dict[str, dict[str, Any]] = {

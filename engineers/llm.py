@@ -17,7 +17,7 @@ import yaml
 
 from engineers.proposal import EngineerInput, Proposal
 from engineers.summary import Summary
-from envgen.config import KNOBS, EnvConfig, SizeConfig, describe_fields
+from envgen.core.config import KNOBS, EnvConfig, SizeConfig, describe_fields
 
 GUIDELINE = """Guidelines:
 - Allocate most of the budget just below the policy's competence frontier: sizes it solves sometimes, not always and

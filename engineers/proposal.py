@@ -3,7 +3,7 @@
 An engineer (:class:`Engineer`) reads an :class:`EngineerInput` (the stage's :class:`~engineers.summary.Summary`, the
 current configuration, the stage number and a seeded random stream) and returns a :class:`Proposal`: raw per-size
 knobs, untrusted whatever their source, and a rationale. :func:`finalize` turns a proposal into a valid
-:class:`~envgen.config.EnvConfig`, never code: per size and knob a finite number or the previous value; clamped into
+:class:`~envgen.core.config.EnvConfig`, never code: per size and knob a finite number or the previous value; clamped into
 the field's range (and the size's limits) with a note; moved by at most the trust region per stage when one is set,
 with a note; sizes and keys that do not exist ignored, with a note. No usable proposal keeps the previous
 configuration, recorded. The budget and agent count stay (engineers are compared at equal budgets); the seed moves to
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from engineers.summary import Summary
-from envgen.config import KNOBS, EnvConfig, SizeConfig
+from envgen.core.config import KNOBS, EnvConfig, SizeConfig
 
 
 @dataclass(frozen=True)

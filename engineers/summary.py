@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from envgen.config import EnvConfig, SizeConfig
+from envgen.core.config import EnvConfig, SizeConfig
 
 SCHEMA_VERSION = 1
 ANSWER_CHARS = 160
@@ -127,7 +127,7 @@ class Summary(_Record):
         """The summary in ``path`` (``summary.json``), or one ``ValueError`` naming the file and the first problem."""
         from pydantic import ValidationError
 
-        from envgen.files import read_text_bounded
+        from envgen.core.files import read_text_bounded
 
         try:
             return cls.model_validate_json(read_text_bounded(path, 64_000_000, "stage summary (summary.json)"))

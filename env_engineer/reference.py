@@ -2,8 +2,8 @@
 
 - ``params.md``: every section of ``params.yaml`` and each of its fields (type, default, description), from the typed
   settings of :mod:`pipeline.params`;
-- ``environment.md``: the environment configuration's fields and ranges (:mod:`envgen.config`);
-- ``datasets.md``: every Parquet dataset's columns and rules (:mod:`envgen.schemas`);
+- ``environment.md``: the environment configuration's fields and ranges (:mod:`envgen.core.config`);
+- ``datasets.md``: every Parquet dataset's columns and rules (:mod:`envgen.formats.schemas`);
 - ``commands.md``: every ``env-engineer`` command's ``--help`` (the argument parsers), and the engineers.
 
 ``--check`` compares instead of writing, and exits 1 naming the files that differ (the test suite runs it).
@@ -79,19 +79,19 @@ def _field_tables(model: Any, path: str, seen: dict[type, str]) -> list[str]:
 
 
 def environment_page() -> str:
-    from envgen.config import describe_fields
+    from envgen.core.config import describe_fields
 
     return "\n".join([HEADER + "# The environment configuration", "",
-                      "What an engineer writes for the next stage (`data/stages/K/config.yaml`; `envgen/config.py`). "
+                      "What an engineer writes for the next stage (`data/stages/K/config.yaml`; `envgen/core/config.py`). "
                       "`env-engineer validate-config FILE` checks one, `env-engineer config-schema` prints its JSON "
                       "schema.", "", describe_fields(), ""])
 
 
 def datasets_page() -> str:
-    from envgen.schemas import DATASETS
+    from envgen.formats.schemas import DATASETS
 
     lines = [HEADER + "# The datasets", "",
-             "Every Parquet file the pipeline writes, declared once in `envgen/schemas.py`; `env-engineer validate "
+             "Every Parquet file the pipeline writes, declared once in `envgen/formats/schemas.py`; `env-engineer validate "
              "--kind NAME FILE` checks one with its great-expectations suite, as every stage does.", ""]
     for name, data in DATASETS.items():
         lines += [f"## `{name}`", "", data.description, "", "| column | type | required | range or values | "
@@ -137,7 +137,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from envgen.files import atomic_write_text
+    from envgen.core.files import atomic_write_text
 
     stale = []
     for name, page in PAGES.items():

@@ -1,7 +1,15 @@
 """MAPF-FrozenLake: multi-agent path finding on FrozenLake grids, the testbed of env-engineer.
 
-Modules: :mod:`envgen.config` (the engineer's YAML), :mod:`envgen.instance` (immutable levels), :mod:`envgen.cbs`
-(optimal solver), :mod:`envgen.simulate` (plan checker and scorer), :mod:`envgen.generator` and
-:mod:`envgen.dataset` (instances Parquet), :mod:`envgen.render`, :mod:`envgen.movingai`, :mod:`envgen.gym_env`.
-None of them imports Prefect, DVC or polars.
+Subpackages, each importing only those listed before it (and ``formats`` the generator, whose draws it writes):
+
+- :mod:`envgen.core`: grids and instances (immutable levels), the environment configuration the engineer writes
+  (:mod:`envgen.core.config`), the plan checker and scorer (:mod:`envgen.core.simulate`), renderings, bounded
+  file readers;
+- :mod:`envgen.solver`: the optimal CBS solver (:mod:`envgen.solver.cbs`) and the reference planners;
+- :mod:`envgen.llm`: the prompt, the answer parser, the reward (a TRL reward function) and the outcome rates;
+- :mod:`envgen.formats`: the instances and trajectories datasets (Parquet) and their schemas, MovingAI files.
+
+Beside them: :mod:`envgen.generator` (instances drawn from a configuration, each solved), :mod:`envgen.benchmark`
+(the fixed multi-agent benchmark), :mod:`envgen.gym_env` (a Gymnasium environment) and :mod:`envgen.commands` (the
+testbed's commands). None of them imports torch, Prefect, DVC or polars.
 """

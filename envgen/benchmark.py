@@ -10,7 +10,7 @@ Every cell's draws are counted (:func:`envgen.generator.draw_statistics`): the b
 Tables follow the paper: valid rate ("acc") and optimal rate ("opt") per (agents, size) cell, "Sum" = the mean over
 map sizes per agent count, and per wait subset (:func:`cell_table`, :func:`render_table`). Reference rows
 (:func:`reference_rows`): the optimal CBS plan (100% valid and optimal by construction: a check of the benchmark
-itself) and the planners of :data:`envgen.planners.PLANNERS` (prioritized planning, independent shortest paths).
+itself) and the planners of :data:`envgen.solver.planners.PLANNERS` (prioritized planning, independent shortest paths).
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from envgen.cbs import Solved, SolverBudget, solve
-from envgen.config import EnvConfig, SizeConfig
+from envgen.solver.cbs import Solved, SolverBudget, solve
+from envgen.core.config import EnvConfig, SizeConfig
 from envgen.generator import draw_seed
-from envgen.instance import Instance
-from envgen.planners import PLANNERS, Planned
-from envgen.rates import share
-from envgen.simulate import Valid, check_plan
+from envgen.core.instance import Instance
+from envgen.solver.planners import PLANNERS, Planned
+from envgen.llm.rates import share
+from envgen.core.simulate import Valid, check_plan
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import re
 import sys
 from pathlib import Path
 
-from envgen.cbs import Solved, SolverBudget, solve
-from envgen.config import (DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, config_diff, describe_fields,
+from envgen.solver.cbs import Solved, SolverBudget, solve
+from envgen.core.config import (DEFAULT_SIZES, MAX_SIZE, MIN_SIZE, ConfigError, EnvConfig, config_diff, describe_fields,
                            schema_json, shorten)
-from envgen.instance import Instance
-from envgen.movingai import MovingAIError, load_instance
-from envgen.simulate import Valid, check_paths
+from envgen.core.instance import Instance
+from envgen.formats.movingai import MovingAIError, load_instance
+from envgen.core.simulate import Valid, check_paths
 
 
 class PlanFileError(ValueError):
@@ -80,7 +80,7 @@ MAX_PLAN_BYTES = 10_000_000
 
 def load_plan(path: Path, num_agents: int) -> list[list[tuple[int, int]]]:
     """Read a JSON plan; raise :class:`PlanFileError` naming the file and line of the first problem."""
-    from envgen.files import InputFileError, read_text_bounded
+    from envgen.core.files import InputFileError, read_text_bounded
 
     try:
         text = read_text_bounded(path, MAX_PLAN_BYTES, "plan file (JSON)")
@@ -159,15 +159,15 @@ def add_render_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _instance(args: argparse.Namespace) -> Instance:
     if args.instances:
-        from envgen.dataset import parse_instances, read_parquet
+        from envgen.formats.dataset import parse_instances, read_parquet
 
         table = read_parquet(args.instances, "an instances file", ["instance"])
         if not 0 <= args.index < table.num_rows:
             raise ValueError(f"--index {args.index}: {args.instances} has rows 0..{table.num_rows - 1}")
         return parse_instances([table.column("instance")[args.index].as_py()], f"{args.instances} (--index)")[0]
     if args.instance_file:
-        from envgen.dataset import MAX_INSTANCE_CHARS, parse_instances
-        from envgen.files import read_text_bounded
+        from envgen.formats.dataset import MAX_INSTANCE_CHARS, parse_instances
+        from envgen.core.files import read_text_bounded
 
         return parse_instances([read_text_bounded(args.instance_file, 4 * MAX_INSTANCE_CHARS, "instance file")],
                                args.instance_file)[0]
@@ -177,7 +177,7 @@ def _instance(args: argparse.Namespace) -> Instance:
 
 
 def run_render(args: argparse.Namespace) -> int:
-    from envgen.render import render_ascii, render_coords, render_png
+    from envgen.core.render import render_ascii, render_coords, render_png
 
     try:
         inst = _instance(args)
@@ -191,7 +191,7 @@ def run_render(args: argparse.Namespace) -> int:
         paths = None
         title = None
         if args.with_plan:
-            from envgen.cbs import Solved, solve
+            from envgen.solver.cbs import Solved, solve
 
             result = solve(inst)
             if isinstance(result, Solved):

@@ -1,4 +1,4 @@
-"""Instance generator: draws solved MAPF-FrozenLake instances for an :class:`~envgen.config.EnvConfig`.
+"""Instance generator: draws solved MAPF-FrozenLake instances for an :class:`~envgen.core.config.EnvConfig`.
 
 Layout of a stage. ``config.allocation()`` splits the budget over the sizes (largest remainder, each size within one
 instance of its exact share). Within a size, exactly ``round(wait_ratio * count)`` slots ask for an instance that needs
@@ -12,7 +12,7 @@ over the free cells no other agent has as goal, then its start uniform over the 
 with head-on draws (see :func:`draw_instance`), in which the second agent walks part of the first one's shortest path
 in reverse: natural draws rarely need a wait on open grids (under 1% on an empty 10x10), head-on draws often do.
 
-The draw is solved (:func:`envgen.cbs.solve`, within ``GeneratorOptions.solver``) and every draw ends in exactly one
+The draw is solved (:func:`envgen.solver.cbs.solve`, within ``GeneratorOptions.solver``) and every draw ends in exactly one
 outcome, counted per slot (:class:`DrawCounts`): accepted; rejected as **unsolvable** (proved: a goal out of reach, or
 an exhaustive search); rejected as **over solver budget** (not proved either way: the only outcome that can drop a
 solvable instance, so it is counted and reported, never silent); rejected as the wrong kind (needs a wait, or not);
@@ -37,18 +37,18 @@ from functools import partial
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from envgen import cbs_v1
-from envgen.cbs import Solved, SolveResult, SolverBudget, Unsolved, shortest_paths_agree, solve
-from envgen.cbs_search import CBSOptions
-from envgen.config import EnvConfig, SizeConfig
-from envgen.grid import Grid, grid_of
-from envgen.instance import FREE, HOLE, Instance
+from envgen.solver import cbs_v1
+from envgen.solver.cbs import Solved, SolveResult, SolverBudget, Unsolved, shortest_paths_agree, solve
+from envgen.solver.cbs_search import CBSOptions
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.core.grid import Grid, grid_of
+from envgen.core.instance import FREE, HOLE, Instance
 
 GENERATOR_VERSION = "mapf-frozenlake-gen/3"
 """The current version, the default. 2: draws solved by the improved CBS and its exhaustive back-ups within a budget of
 work (more hard draws accepted, other optimal plans), and the draw counts in every file it writes. 3: as 2, and a group
 of agents that CBS and the exhaustive joint A* leave undecided is split by independence detection before the draw is
-counted over budget (:func:`envgen.cbs.independent_groups`); every draw version 2 decided is decided alike."""
+counted over budget (:func:`envgen.solver.cbs.independent_groups`); every draw version 2 decided is decided alike."""
 
 
 class GenerationError(RuntimeError):
@@ -70,7 +70,7 @@ class GeneratorVersion:
         solve: the solver, ``solve(instance, budget)``.
         budget: its default solver budget.
         screens: a draw for a slot that needs a wait is rejected as "needs no wait" without a solve when the agents'
-            shortest paths already agree (:func:`envgen.cbs.shortest_paths_agree`), which is what the solve would say;
+            shortest paths already agree (:func:`envgen.solver.cbs.shortest_paths_agree`), which is what the solve would say;
             the search of version 1 might run out of nodes on such a draw and count it otherwise, so it solves every
             draw.
     """
@@ -95,7 +95,7 @@ GENERATOR_VERSIONS: dict[int, GeneratorVersion] = {
                                                                              bypass_conflicts="all")),
                         SolverBudget(max_nodes=20_000, max_seconds=120.0, max_joint_states=100_000), screens=True),
 }
-"""Every version the generator can still produce, byte for byte. Version 1 (plain CBS, :mod:`envgen.cbs_v1`, 2,000
+"""Every version the generator can still produce, byte for byte. Version 1 (plain CBS, :mod:`envgen.solver.cbs_v1`, 2,000
 nodes or 5 s per draw) is kept for the files written with it, such as the starting policy's demonstrations. Versions
 2 and 3 count work, not time (the time limit only guards against a runaway solve): their node and state limits
 decide every draw of the measured distributions (docs/lab-notes/solver.md), so a stage is the same on every machine."""
@@ -108,7 +108,7 @@ class GeneratorOptions:
     Attributes:
         max_attempts: rejected draws allowed per instance before :class:`GenerationError`.
         version: the generator version (:data:`GENERATOR_VERSIONS`); an earlier one regenerates its files exactly.
-        solver: the budget of each draw's solve (:class:`envgen.cbs.SolverBudget`; None: the version's default); a draw
+        solver: the budget of each draw's solve (:class:`envgen.solver.cbs.SolverBudget`; None: the version's default); a draw
             neither solved nor proved unsolvable within it is rejected as "over solver budget" and counted
             (:class:`DrawCounts`), since it may be a solvable instance left out.
     """

@@ -4,7 +4,7 @@ Call :func:`register_envs` once, then ``gymnasium.make("MAPFFrozenLake-v0", size
 
 Action Space
     ``MultiDiscrete([5] * num_agents)``: per agent 0 UP, 1 DOWN, 2 LEFT, 3 RIGHT, 4 WAIT (the order of
-    :class:`envgen.grid.Move`).
+    :class:`envgen.core.grid.Move`).
 
 Observation Space
     ``Dict``: ``holes`` (``MultiBinary((size, size))``, 1 for a hole), ``positions`` and ``goals``
@@ -17,7 +17,7 @@ Rewards
 Episode End
     Terminated when every agent is on its goal, or when a joint action is invalid: an agent leaves the grid or
     enters a hole, or two agents collide (vertex) or swap cells (edge); ``info["failure"]`` then names the category
-    as in :class:`envgen.simulate.FailureCategory`. Truncated after ``max_steps`` steps.
+    as in :class:`envgen.core.simulate.FailureCategory`. Truncated after ``max_steps`` steps.
 
 Instances come from the generator (``config`` or the defaults; seeded by ``reset(seed=...)``) or are given as
 ``reset(options={"instance": Instance | str})`` with the env's size and agent count.
@@ -34,13 +34,13 @@ import numpy as np
 from gymnasium import spaces
 from PIL import Image
 
-from envgen.cbs import Solved, SolverBudget, solve
-from envgen.config import SizeConfig
+from envgen.solver.cbs import Solved, SolverBudget, solve
+from envgen.core.config import SizeConfig
 from envgen.generator import draw_instance
-from envgen.grid import MOVES, grid_of
-from envgen.instance import HOLE, Instance
-from envgen.render import ascii_grid, render_png
-from envgen.simulate import FailureCategory
+from envgen.core.grid import MOVES, grid_of
+from envgen.core.instance import HOLE, Instance
+from envgen.core.render import ascii_grid, render_png
+from envgen.core.simulate import FailureCategory
 
 ENV_ID = "MAPFFrozenLake-v0"
 

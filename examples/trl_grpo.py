@@ -4,7 +4,7 @@ and one engineer, without DVC or the pipeline.
     python examples/trl_grpo.py --model PATH_OR_CACHED_ID --stages 3 --budget 64
 
 Each stage draws its instances from an environment configuration (``envgen.generator``), trains on them with TRL's
-``GRPOTrainer`` rewarded by ``envgen.reward.MAPFReward``, and at the stage's end a ``TrainerCallback`` hands what
+``GRPOTrainer`` rewarded by ``envgen.llm.reward.MAPFReward``, and at the stage's end a ``TrainerCallback`` hands what
 the stage's completions showed (the valid rate per map size) to an engineer (``learnability`` by default: the
 budget goes where about half the answers are valid), whose proposal becomes the next stage's configuration through
 ``engineers.proposal.finalize``: budget and agents unchanged, every knob within range. The full pipeline does the same
@@ -25,10 +25,10 @@ from trl import GRPOConfig, GRPOTrainer
 from engineers.proposal import EngineerInput, finalize
 from engineers.registry import ENGINEERS, EngineerBuild
 from engineers.summary import Rates, Summary, Validation
-from envgen.config import EnvConfig, uniform_config
+from envgen.core.config import EnvConfig, uniform_config
 from envgen.generator import generate
-from envgen.prompt import PromptStyle, build_messages
-from envgen.reward import MAPFReward
+from envgen.llm.prompt import PromptStyle, build_messages
+from envgen.llm.reward import MAPFReward
 from pipeline.params import EngineerSettings, PolicySettings
 
 

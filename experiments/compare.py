@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envgen.files import atomic_write_text
+from envgen.core.files import atomic_write_text
 from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, pipeline_stages
 from experiments.records import aggregate, experiment_records, last_stage_result, missing, outcomes, workspace_records
 from experiments.runner import QueueStalled, run_flow_runs, run_wave_in_queue

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 
-from envgen import safe_yaml
-from envgen.files import atomic_write_bytes, atomic_write_text
+from envgen.core import safe_yaml
+from envgen.core.files import atomic_write_bytes, atomic_write_text
 from experiments.dvc import StageFiles, curriculum_items, pipeline_stages, stage_named
 
 
@@ -224,9 +224,9 @@ def failure_cases(run: list[dict[str, Any]], limit: int = 4) -> list[tuple[str, 
     """PNG renders of failed validation answers of the last stage whose trajectories are on disk."""
     import pyarrow.parquet as pq
 
-    from envgen.instance import Instance
-    from envgen.render import render_png
-    from envgen.simulate import moves_to_paths
+    from envgen.core.instance import Instance
+    from envgen.core.render import render_png
+    from envgen.core.simulate import moves_to_paths
 
     for e in reversed(run):
         path = e.get("trajectories")

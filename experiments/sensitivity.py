@@ -36,7 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from envgen.files import atomic_write_text
+from envgen.core.files import atomic_write_text
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise_rows,
                                              union_outcomes, write_outcomes)
 

@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envgen.rates import rates
+from envgen.llm.rates import rates
 from experiments.stats import anova, paired_difference, permutation_p, seed_mean_difference
 
 

@@ -11,7 +11,7 @@ import random
 import statistics
 from collections.abc import Iterator
 
-from envgen.rates import Z95
+from envgen.llm.rates import Z95
 
 
 def paired_difference(a: list[bool], b: list[bool]) -> dict[str, float]:

@@ -57,7 +57,7 @@ def run_stage(stage_name: str, repo: str) -> str:
 @task(name="publish-artifacts")
 def publish_artifacts(item: str, stages: list[StageFiles], repo: str) -> None:
     """The curriculum stage's metrics as a table, and the engineer's configuration diff, for the UI."""
-    from envgen.config import EnvConfig, config_diff
+    from envgen.core.config import EnvConfig, config_diff
 
     root = Path(repo)
     rows = []

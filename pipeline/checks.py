@@ -1,4 +1,4 @@
-"""Data validation with great-expectations: every dataset of :mod:`envgen.schemas` gets a suite derived from its declared
+"""Data validation with great-expectations: every dataset of :mod:`envgen.formats.schemas` gets a suite derived from its declared
 rules (required columns, ranges, uniqueness, patterns, allowed values, rules between columns, least row count) and its
 rules of meaning (each computed per row as a column ``rule:<name>`` that must be true: hashes, parsing, plan replays,
 the solver on a sample, outcome consistency, rewards within the recorded reward configuration).
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from envgen.schemas import DATASETS, Dataset
+from envgen.formats.schemas import DATASETS, Dataset
 
 
 @dataclass(frozen=True)

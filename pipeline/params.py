@@ -8,8 +8,8 @@ of ``dvc exp run -S``: ``--set section.key=value`` with a YAML value (``--set tr
 Sections:
 
 - ``curriculum``: the stages (:class:`CurriculumStage`);
-- ``env``: the round-0 environment (:class:`envgen.config.EnvConfig`), the configuration the engineer starts from;
-- ``validation``: the held-out validation set's environment (:class:`envgen.config.EnvConfig`);
+- ``env``: the round-0 environment (:class:`envgen.core.config.EnvConfig`), the configuration the engineer starts from;
+- ``validation``: the held-out validation set's environment (:class:`envgen.core.config.EnvConfig`);
 - ``benchmark``, ``evaluate``: the held-out benchmark and its evaluation (:class:`BenchmarkSettings`,
   :class:`EvaluateSettings`);
 - ``policy``: the model, prompt and reward that train, rollout, evaluate and the LLM engineers share
@@ -25,12 +25,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from envgen import safe_yaml
+from envgen.core import safe_yaml
 
-from envgen.config import KNOBS, EnvConfig, SizeConfig, format_validation_error
+from envgen.core.config import KNOBS, EnvConfig, SizeConfig, format_validation_error
 from envgen.generator import GENERATOR_VERSIONS
-from envgen.prompt import PromptStyle
-from envgen.reward import RewardConfig
+from envgen.llm.prompt import PromptStyle
+from envgen.llm.reward import RewardConfig
 
 BackendName = Literal["transformers", "vllm", "openai"]
 """Generation backends (``policy.backends.BACKENDS``; a contract test keeps the two equal)."""
@@ -116,9 +116,9 @@ class PolicySettings(_Section):
                        "package, or $ENV_ENGINEER_EMBEDDED_GGUF), a local folder or .gguf file, or a Hugging Face id "
                        "in the local cache. Never downloaded.")
     prompt: PromptStyle = Field(default_factory=lambda: PromptStyle(moves="letters", trace=True),
-                                description="How instances are shown (envgen.prompt.PromptStyle).")
+                                description="How instances are shown (envgen.llm.prompt.PromptStyle).")
     reward: RewardConfig = Field(default_factory=lambda: RewardConfig(progress=0.2),
-                                 description="Reward values (envgen.reward.RewardConfig).")
+                                 description="Reward values (envgen.llm.reward.RewardConfig).")
 
 
 Recipe = Literal["grpo", "distill", "distill+grpo"]

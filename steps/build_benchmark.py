@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from envgen.benchmark import cell_configs, cell_label, reference_rows, render_draws
-from envgen.config import EnvConfig
-from envgen.dataset import generate_verified, generator_stats_of, read_exclusions, record_of, write_dataset
-from envgen.files import atomic_write_text
+from envgen.core.config import EnvConfig
+from envgen.formats.dataset import generate_verified, generator_stats_of, read_exclusions, record_of, write_dataset
+from envgen.core.files import atomic_write_text
 from envgen.generator import GenerationError, Generated, draw_statistics
-from envgen.schemas import BENCHMARK
+from envgen.formats.schemas import BENCHMARK
 from pipeline.params import BenchmarkSettings, ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
 from pipeline.workers import worker_pool

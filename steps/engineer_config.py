@@ -24,9 +24,9 @@ from typing import Any
 from engineers.proposal import EngineerInput, Engineer, Proposal, ensure_feasible, finalize
 from engineers.registry import EngineerBuild, make_engineer
 from engineers.summary import Summary
-from envgen.config import ConfigError, EnvConfig
-from envgen.dataset import read_exclusions
-from envgen.files import atomic_write_text
+from envgen.core.config import ConfigError, EnvConfig
+from envgen.formats.dataset import read_exclusions
+from envgen.core.files import atomic_write_text
 from policy.backends import ConstrainedDecodingUnavailable
 from pipeline.params import EngineerSettings, ParamsError, PolicySettings, add_params_arguments, load_params
 
@@ -114,13 +114,13 @@ def run(args: argparse.Namespace) -> int:
 def decision_line(stage: int, engineer: str, current: EnvConfig, result: EngineerResult, limit: int = 6) -> str:
     """One line a reader can follow: which knobs the engineer changed for the next stage (the seed aside), and why.
 
-    >>> from envgen.config import uniform_config
+    >>> from envgen.core.config import uniform_config
     >>> a = uniform_config(budget=10, sizes=(3, 4))
     >>> b = a.model_copy(update={"seed": 1, "sizes": {3: a.sizes[3].model_copy(update={"data_ratio": 0.2}), 4: a.sizes[4]}})
     >>> decision_line(0, "heuristic", a, EngineerResult(b, (), False, {"rationale": "3x3 is solved"}))
     'stage 0 -> 1, engineer heuristic: 3x3 share 0.50 -> 0.29, 4x4 share 0.50 -> 0.71; why: 3x3 is solved'
     """
-    from envgen.config import config_diff
+    from envgen.core.config import config_diff
 
     changes = []
     for field, a, b in config_diff(current, result.config):

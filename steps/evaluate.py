@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from envgen.benchmark import cell_table, render_table
-from envgen.dataset import read_parquet
-from envgen.files import atomic_write_text, expect_mapping, read_json
-from envgen.schemas import TRAJECTORIES
+from envgen.formats.dataset import read_parquet
+from envgen.core.files import atomic_write_text, expect_mapping, read_json
+from envgen.formats.schemas import TRAJECTORIES
 
 ANSWER_COLUMNS = ("content_hash", "num_agents", "size", "valid", "optimal", "finish_reason", "token_budget",
                   "optimal_tokens")

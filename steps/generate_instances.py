@@ -2,7 +2,7 @@
 
 Every instance is drawn by :mod:`envgen.generator`, solved optimally within the solver budget (``--solver-nodes``,
 ``--solver-joint-states``, ``--solver-seconds``), and its plan replayed through the simulator before it is written
-(:func:`envgen.dataset.generate_verified`). Instances of the ``--exclude`` files (the validation set, the benchmark) are
+(:func:`envgen.formats.dataset.generate_verified`). Instances of the ``--exclude`` files (the validation set, the benchmark) are
 never drawn. The file's metadata and the report line say what the draws came to: how many were rejected and why, the
 draws over the solver budget (possibly solvable instances left out) among them.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from envgen.config import ConfigError, EnvConfig
-from envgen.dataset import generate_verified, read_exclusions, write_instances
+from envgen.core.config import ConfigError, EnvConfig
+from envgen.formats.dataset import generate_verified, read_exclusions, write_instances
 from envgen.generator import GenerationError, GeneratorOptions, draw_statistics
 from pipeline.progress import Progress
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from engineers.summary import Summary
-from envgen.files import atomic_write_text, replace_dir
+from envgen.core.files import atomic_write_text, replace_dir
 from pipeline.params import Params, ParamsError, add_params_arguments, load_params
 
 

@@ -1,5 +1,5 @@
 """Pipeline step ``rollout``: the policy (+ adapter) answers every instance of an instances Parquet G times; every answer
-is parsed, checked, rewarded and written to a trajectories Parquet (:data:`envgen.schemas.TRAJECTORIES`, atomically).
+is parsed, checked, rewarded and written to a trajectories Parquet (:data:`envgen.formats.schemas.TRAJECTORIES`, atomically).
 
 Every answer has a token budget of its own (``rollout.max_new_tokens: auto``): its instance's solver-optimal answer,
 written in the prompt's answer format, counted in the model's tokens, times ``1 + rollout.budget_margin``, plus
@@ -26,13 +26,13 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from envgen.dataset import parse_instances, read_instances, write_dataset
-from envgen.files import atomic_write_text
-from envgen.instance import Instance
-from envgen.prompt import PromptStyle, build_messages, format_answer
-from envgen.rates import rates, rates_by
-from envgen.reward import score_completion
-from envgen.schemas import TRAJECTORIES
+from envgen.formats.dataset import parse_instances, read_instances, write_dataset
+from envgen.core.files import atomic_write_text
+from envgen.core.instance import Instance
+from envgen.llm.prompt import PromptStyle, build_messages, format_answer
+from envgen.llm.rates import rates, rates_by
+from envgen.llm.reward import score_completion
+from envgen.formats.schemas import TRAJECTORIES
 from pipeline.params import ParamsError, PolicySettings, RolloutSettings, add_params_arguments, load_params
 from pipeline.progress import Progress
 from policy.backends import SamplingParams, make_backend

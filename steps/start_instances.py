@@ -2,7 +2,7 @@
 section.
 
 Every environment of ``start.instances`` (e.g. two-agent boards 3x3..10x10 and three-agent boards 4x4..7x7) is
-generated with its own seed, verified like every instance (:func:`envgen.dataset.generate_verified`) and pooled into
+generated with its own seed, verified like every instance (:func:`envgen.formats.dataset.generate_verified`) and pooled into
 one instances file; no instance repeats across them. The generator version is ``start.generator_version`` (1: the
 version the kept starting policy was trained on, so the file regenerates byte for byte; its draw counts are printed,
 not stored, as when that version wrote it). The validation set and the benchmark exclude these instances
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from envgen.config import EnvConfig
-from envgen.dataset import generate_verified, record_of, write_dataset
+from envgen.core.config import EnvConfig
+from envgen.formats.dataset import generate_verified, record_of, write_dataset
 from envgen.generator import GenerationError, GeneratorOptions, draw_statistics
-from envgen.schemas import INSTANCES
+from envgen.formats.schemas import INSTANCES
 from pipeline.params import ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
 

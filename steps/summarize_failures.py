@@ -17,12 +17,12 @@ from typing import Any
 
 from engineers.summary import (ANSWER_CHARS, Example, Rates, SizeEnvironment, SizeTraining, Summary, Training,
                                Validation, pct)
-from envgen.config import ConfigError, EnvConfig
-from envgen.files import atomic_write_text
-from envgen.instance import Instance
-from envgen.rates import OUTCOMES
-from envgen.rates import rates as outcome_rates
-from envgen.render import ascii_grid
+from envgen.core.config import ConfigError, EnvConfig
+from envgen.core.files import atomic_write_text
+from envgen.core.instance import Instance
+from envgen.llm.rates import OUTCOMES
+from envgen.llm.rates import rates as outcome_rates
+from envgen.core.render import ascii_grid
 
 EXAMPLES_PER_SIZE = 2
 VALIDATION_COLUMNS = ["size", "num_agents", "needs_wait", "instance", "completion", "parsed", "parse_error", "valid",
@@ -124,9 +124,9 @@ def summarize(stage: int, config: EnvConfig, instances_path: Path, validation_pa
     """The stage's :class:`Summary` (see :mod:`engineers.summary`)."""
     import polars as pl
 
-    from envgen.dataset import read_parquet
-    from envgen.files import expect_mapping, read_json
-    from envgen.schemas import COMPLETIONS, INSTANCES, TRAJECTORIES
+    from envgen.formats.dataset import read_parquet
+    from envgen.core.files import expect_mapping, read_json
+    from envgen.formats.schemas import COMPLETIONS, INSTANCES, TRAJECTORIES
 
     val = pl.from_arrow(read_parquet(validation_path, "a validation rollout (trajectories)", VALIDATION_COLUMNS,
                                      TRAJECTORIES))

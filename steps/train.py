@@ -6,7 +6,7 @@ that continues the previous stage's adapter or starts fresh.
 
 Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
 the next stage reads it), every GRPO completion with its reward and failure category (Parquet,
-:data:`envgen.schemas.COMPLETIONS`), the headline metrics (JSON of numbers, for ``dvc metrics``: warm-start loss,
+:data:`envgen.formats.schemas.COMPLETIONS`), the headline metrics (JSON of numbers, for ``dvc metrics``: warm-start loss,
 reward and validity overall and by quarter, wall time), the details (JSON: model, device, per map size, seconds per
 step) and one history per curve (for ``dvc plots``: warm-start loss per step, GRPO reward and validity per step).
 
@@ -35,12 +35,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envgen.dataset import parse_instances, read_instances, write_dataset
-from envgen.files import atomic_write_text, replace_dir
-from envgen.prompt import PromptStyle, build_messages, format_answer
-from envgen.rates import group, rates, share
-from envgen.reward import MAPFReward, instance_from_text
-from envgen.schemas import COMPLETIONS
+from envgen.formats.dataset import parse_instances, read_instances, write_dataset
+from envgen.core.files import atomic_write_text, replace_dir
+from envgen.llm.prompt import PromptStyle, build_messages, format_answer
+from envgen.llm.rates import group, rates, share
+from envgen.llm.reward import MAPFReward, instance_from_text
+from envgen.formats.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
 from pipeline.progress import trainer_progress
 from policy.accel import (deferred_metrics_trainer, graph_steps, phase_clock, phase_profile, profile_callback,
@@ -53,7 +53,7 @@ from policy.models import pick_device
 
 
 class CompletionRecorder:
-    """What GRPO rewarded, kept: :class:`envgen.reward.MAPFReward` calls it (``on_score``) with every scored completion;
+    """What GRPO rewarded, kept: :class:`envgen.llm.reward.MAPFReward` calls it (``on_score``) with every scored completion;
     it keeps one row per completion with the trainer's step, and logs the batch's valid and parsed rates beside TRL's
     metrics."""
 

@@ -1,6 +1,6 @@
 """Pipeline step ``validation-set``: the held-out validation instances, from params.yaml's ``validation`` section.
 
-Generated once per pipeline (its own seed), verified like every instance (:func:`envgen.dataset.generate_verified`);
+Generated once per pipeline (its own seed), verified like every instance (:func:`envgen.formats.dataset.generate_verified`);
 every training stage and the benchmark exclude them, and they exclude the starting policy's demonstrations
 (``--exclude``), so the policy is validated on boards it never trained on.
 """
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from envgen.config import EnvConfig
-from envgen.dataset import generate_verified, read_exclusions, write_instances
+from envgen.core.config import EnvConfig
+from envgen.formats.dataset import generate_verified, read_exclusions, write_instances
 from envgen.generator import GenerationError
 from pipeline.params import ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from envgen.cbs import Solved, SolverBudget, solve
-from envgen.config import SizeConfig
+from envgen.solver.cbs import Solved, SolverBudget, solve
+from envgen.core.config import SizeConfig
 from envgen.generator import draw_instance
-from envgen.instance import Instance
+from envgen.core.instance import Instance
 
 BENCH = Path(__file__).resolve().parent / "data"
 """Copies of the small MovingAI benchmark files the tests use (see data/SOURCES.md for their origin)."""

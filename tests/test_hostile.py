@@ -161,7 +161,7 @@ def answers() -> list[str]:
 def test_every_hostile_answer_becomes_a_valid_next_configuration():
     from engineers.llm import CONTEXTS, LLMEngineer
     from engineers.summary import Summary
-    from envgen.config import EnvConfig
+    from envgen.core.config import EnvConfig
     from pipeline.params import EngineerSettings, PolicySettings
     from policy.backends import Generation
     from steps.engineer_config import engineer_config
@@ -382,8 +382,8 @@ def test_the_api_key_never_leaves_its_host_nor_reaches_a_record(case, monkeypatc
 
 
 def test_a_rollout_against_an_endpoint_that_answers_nonsense_exits_2(capsys, tmp_path, monkeypatch):
-    from envgen.config import EnvConfig
-    from envgen.dataset import write_instances
+    from envgen.core.config import EnvConfig
+    from envgen.formats.dataset import write_instances
     from envgen.generator import generate
     from tests.helpers import ROOT
 
@@ -425,9 +425,9 @@ def stage_files(tmp_path_factory):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from envgen.config import EnvConfig
-    from envgen.dataset import generate_verified, write_instances
-    from envgen.schemas import TRAJECTORIES
+    from envgen.core.config import EnvConfig
+    from envgen.formats.dataset import generate_verified, write_instances
+    from envgen.formats.schemas import TRAJECTORIES
 
     root = tmp_path_factory.mktemp("stage")
     (root / "c.yaml").write_text(GOOD_CONFIG)
@@ -504,8 +504,8 @@ def test_a_board_of_30_agents_or_a_large_picture_stays_bounded(capsys, tmp_path)
     4,096 pixels a side (48 pixels a cell would be 49,152: about 7 GB)."""
     from PIL import Image
 
-    from envgen.instance import MAX_SIDE, Instance
-    from envgen.render import MAX_PNG_SIDE, render_png
+    from envgen.core.instance import MAX_SIDE, Instance
+    from envgen.core.render import MAX_PNG_SIDE, render_png
 
     crowd = Instance(tuple("F" * 10 for _ in range(10)), tuple((r, c) for r in range(3) for c in range(10)),
                      tuple((r, c) for r in range(7, 10) for c in range(10)))
@@ -559,8 +559,8 @@ def test_the_solver_and_the_instance_checks_stay_within_their_budgets(tmp_path, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from envgen.cbs import SolverBudget, UnsolvedReason, solve
-    from envgen.instance import Instance
+    from envgen.solver.cbs import SolverBudget, UnsolvedReason, solve
+    from envgen.core.instance import Instance
 
     side = 1024
     big = Instance(tuple("F" * side for _ in range(side)), tuple((0, c) for c in range(50)),

@@ -86,3 +86,19 @@ def test_the_testbed_installs_and_imports_without_the_pipelines_dependencies():
         "print('ok')"])
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
+ENVGEN_MAY_IMPORT = {
+    "core": set(),
+    "solver": {"core"},
+    "llm": {"core"},
+    "formats": {"core", "solver", "llm", "generator"},
+}
+"""Per subpackage of the testbed, the parts of envgen it may import (envgen/__init__.py says why)."""
+
+
+@pytest.mark.parametrize("part", sorted(ENVGEN_MAY_IMPORT))
+def test_each_testbed_part_imports_only_the_parts_below_it(part):
+    for path in sorted((ROOT / "envgen" / part).rglob("*.py")):
+        used = {n.split(".")[1] for n in project_imports(path) if n.startswith("envgen.")} - {part}
+        assert used <= ENVGEN_MAY_IMPORT[part], f"{path.relative_to(ROOT)} imports envgen {sorted(used - ENVGEN_MAY_IMPORT[part])}"

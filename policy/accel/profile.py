@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from envgen.files import atomic_write_text
+from envgen.core.files import atomic_write_text
 
 
 @contextlib.contextmanager

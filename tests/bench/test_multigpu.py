@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.formats.dataset import write_instances
 from envgen.generator import generate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

@@ -12,7 +12,7 @@ from engineers.llm import CONTEXTS, LLMEngineer, extract_json
 from engineers.proposal import EngineerInput, Finalized, Proposal, finalize, to_number
 from engineers.registry import ENGINEERS, EngineerBuild, make_engineer
 from engineers.summary import Summary
-from envgen.config import EnvConfig, SizeConfig
+from envgen.core.config import EnvConfig, SizeConfig
 from pipeline.params import ContextName, EngineerName, EngineerSettings, PolicySettings
 from policy.backends import Generation
 

@@ -1,4 +1,4 @@
-"""A deliberately naive plan checker, written independently of envgen.simulate, for differential tests.
+"""A deliberately naive plan checker, written independently of envgen.core.simulate, for differential tests.
 
 Same rules and the same ordering of failures: by time step; at one step an agent's own fault (off grid, unknown move,
 hole) before a conflict; lower agent index first; vertex before edge conflicts at one step.

@@ -2,13 +2,13 @@ import random
 
 
 from envgen.benchmark import cell_configs, cell_label, cell_table, reference_rows, render_draws, render_table
-from envgen.cbs import Solved, solve
-from envgen.config import SizeConfig
-from envgen.dataset import record_of
+from envgen.solver.cbs import Solved, solve
+from envgen.core.config import SizeConfig
+from envgen.formats.dataset import record_of
 from envgen.generator import draw_instance, generate
-from envgen.instance import Instance
-from envgen.planners import NoPlan, Planned, independent_plan, prioritized_plan
-from envgen.simulate import Valid, check_plan
+from envgen.core.instance import Instance
+from envgen.solver.planners import NoPlan, Planned, independent_plan, prioritized_plan
+from envgen.core.simulate import Valid, check_plan
 
 
 def test_prioritized_plans_are_always_valid_when_found():

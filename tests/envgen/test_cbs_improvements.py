@@ -9,17 +9,17 @@ from dataclasses import replace
 
 import pytest
 
-from envgen.cbs import CBSOptions, Solved, SolverBudget, Unsolved, UnsolvedReason, reorders_freely, solve
-from envgen.cbs_conflicts import conflicts_of, pair_conflicts, pair_key
-from envgen.cbs_heuristics import merge_mdds, vertex_cover
-from envgen.cbs_joint import JointPlan, joint_search, reachable
-from envgen.cbs_lowlevel import NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, build_mdd, find_path
-from envgen.config import SizeConfig
+from envgen.solver.cbs import CBSOptions, Solved, SolverBudget, Unsolved, UnsolvedReason, reorders_freely, solve
+from envgen.solver.cbs_conflicts import conflicts_of, pair_conflicts, pair_key
+from envgen.solver.cbs_heuristics import merge_mdds, vertex_cover
+from envgen.solver.cbs_joint import JointPlan, joint_search, reachable
+from envgen.solver.cbs_lowlevel import NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, build_mdd, find_path
+from envgen.core.config import SizeConfig
 from envgen.generator import draw_instance
-from envgen.grid import grid_of
-from envgen.instance import Instance
-from envgen.movingai import load_instance
-from envgen.simulate import Valid, check_paths
+from envgen.core.grid import grid_of
+from envgen.core.instance import Instance
+from envgen.formats.movingai import load_instance
+from envgen.core.simulate import Valid, check_paths
 
 from tests.helpers import bench_path
 
@@ -131,7 +131,7 @@ def _count_calls(monkeypatch, module, name: str) -> dict[str, int]:
 def test_inherited_pair_bounds_spare_merges_and_keep_the_optimum(monkeypatch):
     """A child's WDG weights start from the bounds its ancestors found: on crowded 10x10 boards the same optimum with
     fewer MDD merges."""
-    import envgen.cbs_search as search
+    import envgen.solver.cbs_search as search
 
     merges = _count_calls(monkeypatch, search, "merge_mdds")
     spent = {}
@@ -148,7 +148,7 @@ def test_inherited_pair_bounds_spare_merges_and_keep_the_optimum(monkeypatch):
 
 def test_conflict_ties_order_pairs_apart_from_time_and_numbers():
     """'pairs' ranks equal conflicts by a fixed hash of the pair, the same on every run; it is not the agents' order."""
-    from envgen.cbs_conflicts import pair_order
+    from envgen.solver.cbs_conflicts import pair_order
 
     pairs = list(itertools.combinations(range(12), 2))
     ranks = [pair_order(p) for p in pairs]
@@ -322,7 +322,7 @@ def test_vertex_cover_is_the_minimum_over_all_value_assignments():
 def test_rectangle_reasoning_fires_on_open_boards_and_keeps_the_optimum(monkeypatch):
     """Agents crossing an open board: rectangle conflicts are found (the reasoning is exercised) and every answer
     equals the exhaustive joint search's."""
-    import envgen.cbs_search as search
+    import envgen.solver.cbs_search as search
 
     found = _record_found(monkeypatch, search, "rectangle_conflict")
     rng = random.Random(8)
@@ -447,7 +447,7 @@ def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monke
     """may_pass_blocks proves a path impossible only where the exhaustive search finds none (random boards, random
     settled cells and times, vertex constraints too), and it does prove the plain case: the goal behind a cell blocked
     before the agent can pass it."""
-    import envgen.cbs_lowlevel as lowlevel
+    import envgen.solver.cbs_lowlevel as lowlevel
 
     rng = random.Random(11)
     proved = searched_none = 0
@@ -479,7 +479,7 @@ def test_blocked_cells_that_cut_the_goal_off_are_refused_before_the_search(monke
 def test_the_walk_round_the_walls_agrees_with_the_flood_from_the_goal():
     """_walk_round (a walk toward the goal, may_pass_blocks' quick answer) says yes exactly where the flood from the
     goal (_goal_side) reaches the start: random boards and walls, the start or the goal on a wall too."""
-    from envgen.cbs_lowlevel import _goal_side, _walk_round
+    from envgen.solver.cbs_lowlevel import _goal_side, _walk_round
 
     rng = random.Random(5)
     reached = cut_off = 0
@@ -520,7 +520,7 @@ def test_blocked_cells_left_out_of_the_memo_keys_change_no_mdd():
     """The solver memoises MDDs and WDG weights on the constraints that can matter at the costs looked at: a blocked
     cell an agent cannot stand on at or after its time within the cost (too far from its start or from its goal) is
     left out of the key. Leaving it out of the constraints gives the same MDD at every cost up to that one."""
-    from envgen.cbs_search import CBS
+    from envgen.solver.cbs_search import CBS
 
     rng = random.Random(17)
     dropped = 0
@@ -544,7 +544,7 @@ def test_blocked_cells_left_out_of_the_memo_keys_change_no_mdd():
 def test_a_settle_branch_reuses_the_mdds_of_agents_it_cannot_touch(monkeypatch):
     """Target reasoning blocks a settled agent's goal for every other agent; the agents that can never stand there
     keep their memoised MDDs (fewer builds than with the whole constraints as the key, the same optimum)."""
-    import envgen.cbs_search as search_module
+    import envgen.solver.cbs_search as search_module
 
     inst = load_instance(bench_path("empty-8-8", "empty-8-8.map"), bench_path("empty-8-8", "empty-8-8-random-1.scen"), 20)
     builds = _count_calls(monkeypatch, search_module, "build_mdd")
@@ -563,7 +563,7 @@ def test_rectangles_from_the_starts_fire_and_keep_the_optimum(monkeypatch):
     first split turns most rectangles down: at 70 agents it fires and both settings find the same optimum; at 75 it
     fires and finds CBSH2-RTC's optimum (sum of costs 1,639, docs/lab-notes/solver.md), where the first split alone took 14,231
     nodes."""
-    import envgen.cbs_rectangle as rectangle
+    import envgen.solver.cbs_rectangle as rectangle
 
     found = _record_found(monkeypatch, rectangle, "_from_starts")
     folder = bench_path("random-32-32-10")

@@ -1,7 +1,7 @@
 import json
 
 from env_engineer.cli import main
-from envgen.config import EnvConfig, SizeConfig, config_diff
+from envgen.core.config import EnvConfig, SizeConfig, config_diff
 
 from tests.helpers import bench_path
 

@@ -3,7 +3,7 @@ import json
 import pytest
 import yaml
 
-from envgen.config import ConfigError, EnvConfig, SizeConfig, config_json_schema, uniform_config, describe_fields
+from envgen.core.config import ConfigError, EnvConfig, SizeConfig, config_json_schema, uniform_config, describe_fields
 
 
 def test_yaml_round_trip_and_atomic_save(tmp_path):

@@ -1,4 +1,4 @@
-from envgen.files import atomic_write_text, replace_dir
+from envgen.core.files import atomic_write_text, replace_dir
 
 
 def test_replace_dir_swaps_whole_folders(tmp_path):
@@ -22,7 +22,7 @@ def test_what_a_killed_replace_or_write_left_is_put_right_on_the_next_run(tmp_pa
     import os
     import time
 
-    from envgen.files import STALE_TMP_SECONDS, recover_dir
+    from envgen.core.files import STALE_TMP_SECONDS, recover_dir
 
     dst = tmp_path / "adapter"
     aside = tmp_path / ".adapter.old-12345"
@@ -48,7 +48,7 @@ def test_what_a_killed_replace_or_write_left_is_put_right_on_the_next_run(tmp_pa
 def test_bounded_reads_refuse_what_is_not_a_regular_file_or_too_large(tmp_path):
     import pytest
 
-    from envgen.files import InputFileError, read_json, read_text_bounded
+    from envgen.core.files import InputFileError, read_json, read_text_bounded
 
     (tmp_path / "big").write_bytes(b"x" * 101)
     with pytest.raises(InputFileError, match="larger than 100 bytes"):

@@ -4,14 +4,14 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.cbs import SolverBudget
-from envgen.dataset import config_of, generator_stats_of, instances_of, read_instances, write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.solver.cbs import SolverBudget
+from envgen.formats.dataset import config_of, generator_stats_of, instances_of, read_instances, write_instances
 from envgen.generator import (GENERATOR_VERSION, GENERATOR_VERSIONS, REJECTIONS, DrawCounts, GenerationError,
                               GeneratorOptions, draw_seed, draw_statistics, fill_slot, generate, slot_layout)
-from envgen.instance import Instance
-from envgen.schemas import INSTANCES
-from envgen.simulate import Valid, check_plan
+from envgen.core.instance import Instance
+from envgen.formats.schemas import INSTANCES
+from envgen.core.simulate import Valid, check_plan
 
 
 def small_config(**over) -> EnvConfig:

@@ -2,8 +2,8 @@ import random
 
 import pytest
 
-from envgen import grid as grid_module
-from envgen.grid import DELTAS, MOVES, grid_from_free, grid_of
+from envgen.core import grid as grid_module
+from envgen.core.grid import DELTAS, MOVES, grid_from_free, grid_of
 
 
 @pytest.mark.parametrize("lookup_cells", [4096, 0], ids=["lookup", "loop"])

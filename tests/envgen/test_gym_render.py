@@ -4,8 +4,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 from envgen.gym_env import ENV_ID, MAPFFrozenLakeEnv, register_envs
-from envgen.instance import Instance
-from envgen.render import render_ascii, render_coords, render_png
+from envgen.core.instance import Instance
+from envgen.core.render import render_ascii, render_coords, render_png
 
 CORRIDOR = Instance(("FFF", "HFH", "FFF"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
 

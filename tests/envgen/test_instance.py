@@ -1,6 +1,6 @@
 import pytest
 
-from envgen.instance import Instance, InstanceError
+from envgen.core.instance import Instance, InstanceError
 
 TEXT = """mapf-frozenlake v1
 grid 3x4

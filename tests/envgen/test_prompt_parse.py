@@ -3,11 +3,11 @@ import string
 
 import pytest
 
-from envgen.grid import Move
-from envgen.instance import Instance
-from envgen.parse import MAX_MOVES, ParsedPlan, ParseError, ParseFailure, parse_answer
-from envgen.prompt import PromptStyle, build_messages
-from envgen.simulate import paths_to_moves
+from envgen.core.grid import Move
+from envgen.core.instance import Instance
+from envgen.llm.parse import MAX_MOVES, ParsedPlan, ParseError, ParseFailure, parse_answer
+from envgen.llm.prompt import PromptStyle, build_messages
+from envgen.core.simulate import paths_to_moves
 
 from tests.helpers import random_solved
 

@@ -1,4 +1,4 @@
-from envgen.rates import group, rates, rates_by, share, wilson
+from envgen.llm.rates import group, rates, rates_by, share, wilson
 
 
 def test_rates_count_outcomes_means_and_intervals_and_tell_an_empty_group():

@@ -1,8 +1,8 @@
 import pytest
 
-from envgen.instance import Instance
-from envgen.reward import MAPFReward, RewardConfig, progress, score_completion
-from envgen.simulate import check_plan
+from envgen.core.instance import Instance
+from envgen.llm.reward import MAPFReward, RewardConfig, progress, score_completion
+from envgen.core.simulate import check_plan
 
 # Corridor swap with a pocket: optimum 7 (see test_solver).
 INST = Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))

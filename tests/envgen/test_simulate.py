@@ -4,9 +4,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envgen.grid import DELTAS, Move
-from envgen.instance import Instance
-from envgen.simulate import Failure, FailureCategory, Valid, check_paths, check_plan, moves_to_paths, paths_to_moves
+from envgen.core.grid import DELTAS, Move
+from envgen.core.instance import Instance
+from envgen.core.simulate import Failure, FailureCategory, Valid, check_paths, check_plan, moves_to_paths, paths_to_moves
 
 from tests.helpers import random_solved
 from .reference import reference_check

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from envgen.cbs import Solved, SolverBudget, Unsolved, UnsolvedReason, solve, solve_joint
-from envgen.instance import Instance
-from envgen.movingai import load_instance
-from envgen.simulate import Valid, check_paths
+from envgen.solver.cbs import Solved, SolverBudget, Unsolved, UnsolvedReason, solve, solve_joint
+from envgen.core.instance import Instance
+from envgen.formats.movingai import load_instance
+from envgen.core.simulate import Valid, check_paths
 
 from tests.helpers import bench_path, random_solved
 
@@ -79,7 +79,7 @@ def test_the_cyclic_collector_is_paused_during_a_solve_and_restored_after(monkey
     also when the search raises."""
     import gc
 
-    import envgen.cbs as cbs
+    import envgen.solver.cbs as cbs
 
     corridor = Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
     seen = []
@@ -113,8 +113,8 @@ def test_agreeing_shortest_paths_are_returned_as_the_search_would(monkeypatch):
     on a busy machine too."""
     import random
 
-    import envgen.cbs as cbs
-    from envgen.config import SizeConfig
+    import envgen.solver.cbs as cbs
+    from envgen.core.config import SizeConfig
     from envgen.generator import draw_instance
 
     rng = random.Random(7)
@@ -201,10 +201,10 @@ def test_pairs_shut_in_pockets_are_proven_unsolvable_before_cbs_and_agree_with_t
     they cannot leave is proved unsolvable with no CBS node; every verdict equals the exhaustive joint A*'s."""
     import random
 
-    from envgen.cbs_joint import JointFailure, joint_search
+    from envgen.solver.cbs_joint import JointFailure, joint_search
     from envgen.generator import draw_instance
-    from envgen.config import SizeConfig
-    from envgen.grid import grid_of
+    from envgen.core.config import SizeConfig
+    from envgen.core.grid import grid_of
 
     rng = random.Random(11)
     pockets = solved = 0
@@ -233,8 +233,8 @@ def test_agreeing_shortest_paths_mean_no_wait_and_disagreeing_ones_say_nothing()
     sum of the shortest distances optimal; a swap in a corridor or two agents stepping onto one cell are not agreement."""
     import random
 
-    from envgen.cbs import shortest_paths_agree
-    from envgen.config import SizeConfig
+    from envgen.solver.cbs import shortest_paths_agree
+    from envgen.core.config import SizeConfig
     from envgen.generator import draw_instance
 
     assert not shortest_paths_agree(Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0))))  # swap
@@ -258,7 +258,7 @@ def test_agreeing_shortest_paths_mean_no_wait_and_disagreeing_ones_say_nothing()
 
 
 def test_first_conflict_finds_meetings_and_swaps_and_agents_staying_on_their_goals():
-    from envgen.cbs import first_conflict
+    from envgen.solver.cbs import first_conflict
 
     assert first_conflict([[0, 1, 2], [4, 5, 6]]) is None
     assert first_conflict([[0, 1, 2], [2, 1, 0]]) == (0, 1)  # both on 1 at t=1
@@ -271,7 +271,7 @@ def test_first_conflict_finds_meetings_and_swaps_and_agents_staying_on_their_goa
 def _drawn(seed: int, count: int, agents: tuple[int, ...], sizes: tuple[int, ...], holes: tuple[float, ...]):
     import random
 
-    from envgen.config import SizeConfig
+    from envgen.core.config import SizeConfig
     from envgen.generator import draw_instance
 
     rng = random.Random(seed)
@@ -286,9 +286,9 @@ def _drawn(seed: int, count: int, agents: tuple[int, ...], sizes: tuple[int, ...
 def test_independence_detection_agrees_with_the_joint_search():
     """``independent_groups`` (the solver's last resort) against the whole group's joint A*: the same optimum with a
     conflict-free plan, or both proving that no plan exists."""
-    from envgen.cbs import first_conflict, independent_groups
-    from envgen.cbs_joint import JointFailure, JointPlan, joint_search
-    from envgen.grid import grid_of
+    from envgen.solver.cbs import first_conflict, independent_groups
+    from envgen.solver.cbs_joint import JointFailure, JointPlan, joint_search
+    from envgen.core.grid import grid_of
 
     verdicts = Counter()
     for inst in _drawn(3, 250, (2, 3, 4), (4, 5, 6), (0.2, 0.35, 0.5)):
@@ -310,7 +310,7 @@ def test_independence_detection_agrees_with_the_joint_search():
 
 
 def _unreachable(grid, starts, goals) -> bool:
-    from envgen.grid import UNREACHABLE
+    from envgen.core.grid import UNREACHABLE
 
     return any(grid.distances_from(g)[s] == UNREACHABLE for s, g in zip(starts, goals))
 
@@ -318,9 +318,9 @@ def _unreachable(grid, starts, goals) -> bool:
 def test_joint_search_avoiding_other_paths_within_a_cost():
     """The constrained joint A* (independence detection's replanning): its plan never conflicts with the paths it
     avoids and costs at most ``max_cost``; without constraints to bind, the same optimum as the plain search."""
-    from envgen.cbs import first_conflict
-    from envgen.cbs_joint import JointPlan, joint_search
-    from envgen.grid import grid_of
+    from envgen.solver.cbs import first_conflict
+    from envgen.solver.cbs_joint import JointPlan, joint_search
+    from envgen.core.grid import grid_of
 
     found = 0
     for inst in _drawn(8, 150, (3,), (4, 5), (0.1, 0.25)):

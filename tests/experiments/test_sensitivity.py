@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from envgen.config import EnvConfig
-from envgen.dataset import generate_verified, write_instances
+from envgen.core.config import EnvConfig
+from envgen.formats.dataset import generate_verified, write_instances
 from env_engineer.cli import main
 from experiments.sensitivity import combine_heldout
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,

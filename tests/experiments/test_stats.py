@@ -1,6 +1,6 @@
 import pytest
 
-from envgen.rates import wilson
+from envgen.llm.rates import wilson
 from experiments.stats import mean_ci, paired_difference, permutation_p, t95
 
 

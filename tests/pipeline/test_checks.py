@@ -3,10 +3,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.formats.dataset import write_instances
 from envgen.generator import generate
-from envgen.schemas import DATASETS, INSTANCES
+from envgen.formats.schemas import DATASETS, INSTANCES
 from pipeline.checks import DataValidationError, suite, validate_file
 
 
@@ -83,7 +83,7 @@ def test_meaning_is_checked_hashes_texts_plans_and_numbers(instances, tmp_path):
 def test_trajectories_must_be_consistent_and_rewarded_within_their_recorded_configuration(instances, tmp_path):
     import json
 
-    from envgen.schemas import TRAJECTORIES
+    from envgen.formats.schemas import TRAJECTORIES
 
     rows = []
     for r in pq.read_table(instances).to_pylist():

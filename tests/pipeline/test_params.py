@@ -3,7 +3,7 @@ import difflib
 import pytest
 import yaml
 
-from envgen.prompt import PromptStyle
+from envgen.llm.prompt import PromptStyle
 from pipeline.params import (SECTIONS, Params, ParamsError, apply_overrides, load_params, parse_overrides,
                              validate_params)
 

@@ -5,8 +5,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from envgen.instance import Instance
-from envgen.prompt import build_messages
+from envgen.core.instance import Instance
+from envgen.llm.prompt import build_messages
 from policy.backends import BackendError, OpenAIBackend, SamplingParams, TransformersBackend, VLLMBackend, make_backend
 from policy.serve import RunningServer, ServeLimits, make_app
 
@@ -297,7 +297,7 @@ def test_unreachable_endpoint_gives_up_with_a_clear_error():
 
 def test_api_engineer_gets_schema_valid_json_from_the_server(served):
     from engineers.summary import Summary
-    from envgen.config import EnvConfig, SizeConfig
+    from envgen.core.config import EnvConfig, SizeConfig
     from pipeline.params import EngineerSettings, PolicySettings
     from steps.engineer_config import engineer_config
 

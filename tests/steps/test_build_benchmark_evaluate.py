@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.checks import validate_file
 from pipeline.params import BenchmarkSettings
-from envgen.dataset import generate_verified
+from envgen.formats.dataset import generate_verified
 from steps.build_benchmark import build_benchmark
 from steps.evaluate import check_disjoint, evaluate
 

@@ -5,7 +5,7 @@ import pytest
 
 from engineers.llm import CONTEXTS, LLMEngineer, proposal_schema
 from engineers.proposal import Proposal
-from envgen.config import EnvConfig, SizeConfig
+from envgen.core.config import EnvConfig, SizeConfig
 from pipeline.params import EngineerSettings, PolicySettings
 from steps.engineer_config import engineer_config, main
 

@@ -1,7 +1,7 @@
 import pyarrow.parquet as pq
 
 from env_engineer.cli import main
-from envgen.dataset import generator_stats_of
+from envgen.formats.dataset import generator_stats_of
 
 
 def run(capsys, *argv):

@@ -1,6 +1,6 @@
 import json
 
-from envgen.config import EnvConfig
+from envgen.core.config import EnvConfig
 from pipeline.params import load_params
 from steps.init_curriculum import main
 

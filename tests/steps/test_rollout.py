@@ -4,10 +4,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.formats.dataset import write_instances
 from envgen.generator import generate
-from envgen.schemas import TRAJECTORIES
+from envgen.formats.schemas import TRAJECTORIES
 from pipeline.checks import DataValidationError, validate_file
 from pipeline.params import PolicySettings, RolloutSettings
 from steps.rollout import main, rollout, token_budget

@@ -1,6 +1,6 @@
 import pyarrow.parquet as pq
 
-from envgen.config import EnvConfig, SizeConfig
+from envgen.core.config import EnvConfig, SizeConfig
 from envgen.generator import GENERATOR_VERSION, GeneratorOptions
 from pipeline.params import load_params
 from steps.start_instances import start_instances

@@ -4,11 +4,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import read_instances, write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.formats.dataset import read_instances, write_instances
 from envgen.generator import generate
 from engineers.summary import ANSWER_CHARS, Summary
-from envgen.schemas import COMPLETIONS, TRAJECTORIES
+from envgen.formats.schemas import COMPLETIONS, TRAJECTORIES
 from steps.summarize_failures import clean_answer, main, summarize
 
 CONFIG = EnvConfig(budget=12, seed=3, sizes={3: SizeConfig(data_ratio=1), 4: SizeConfig(data_ratio=1)})

@@ -4,11 +4,11 @@ import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
-from envgen.config import EnvConfig, SizeConfig
-from envgen.dataset import write_instances
+from envgen.core.config import EnvConfig, SizeConfig
+from envgen.formats.dataset import write_instances
 from envgen.generator import generate
-from envgen.parse import ParsedPlan, parse_answer
-from envgen.prompt import PromptStyle
+from envgen.llm.parse import ParsedPlan, parse_answer
+from envgen.llm.prompt import PromptStyle
 from pipeline.params import PolicySettings, TrainSettings
 from policy.accel import kernels as accel_kernels
 from policy.accel import options as accel_options

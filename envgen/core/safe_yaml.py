@@ -166,7 +166,7 @@ def load(text: str, source: str = "<yaml>") -> Any:
 
 def read(path: str | Path) -> Any:
     """The value of the YAML file ``path`` (a regular file of at most 4 x :data:`MAX_CHARS` bytes)."""
-    from envgen.files import InputFileError, read_text_bounded
+    from envgen.core.files import InputFileError, read_text_bounded
 
     try:
         text = read_text_bounded(path, 4 * MAX_CHARS, "YAML file")

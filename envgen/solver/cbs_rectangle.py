@@ -43,11 +43,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from envgen.cbs_conflicts import Conflict, Kind, Priority
-from envgen.cbs_lowlevel import MDD
+from envgen.solver.cbs_conflicts import Conflict, Kind, Priority
+from envgen.solver.cbs_lowlevel import MDD
 
 if TYPE_CHECKING:
-    from envgen.cbs_search import CBS, Node
+    from envgen.solver.cbs_search import CBS, Node
 
 
 def rectangle_conflict(search: CBS, node: Node, conflict: Conflict, mdd_a: MDD,

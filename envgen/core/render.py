@@ -14,8 +14,8 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw
 
-from envgen.files import atomic_write_bytes
-from envgen.instance import HOLE, Cell, Instance
+from envgen.core.files import atomic_write_bytes
+from envgen.core.instance import HOLE, Cell, Instance
 
 MAX_LETTERS = 26
 COLORS = [(228, 26, 28), (55, 126, 184), (77, 175, 74), (152, 78, 163), (255, 127, 0), (166, 86, 40), (247, 129, 191),
@@ -51,7 +51,7 @@ def ascii_grid(instance: Instance, numbers: bool = True, positions: Sequence[Cel
 def render_ascii(instance: Instance, legend: bool = True) -> str:
     """Grid picture plus a legend that lists every agent's start and goal (so overlaps stay unambiguous).
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> print(render_ascii(Instance(("FH", "FF"), ((0, 0),), ((1, 1),))))
       0 1
     0 A H
@@ -71,7 +71,7 @@ def render_ascii(instance: Instance, legend: bool = True) -> str:
 def render_coords(instance: Instance) -> str:
     """A coordinate-list view: shape, holes, and each agent's start and goal as (row,col).
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> print(render_coords(Instance(("FH", "FF"), ((0, 0),), ((1, 1),))))
     Grid 2x2, cells (row,col) from (0,0) at the top left.
     Holes: (0,1)

@@ -1,6 +1,6 @@
 """Scoring a model's answer, and the reward function GRPO trains on.
 
-:func:`score_completion` parses an answer (:mod:`envgen.parse`) and checks the plan (:mod:`envgen.simulate`).
+:func:`score_completion` parses an answer (:mod:`envgen.llm.parse`) and checks the plan (:mod:`envgen.core.simulate`).
 The reward (:class:`RewardConfig`, every value configurable):
 
 - optimal plan: ``optimal`` (1.0);
@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from envgen.grid import MOVES, grid_of
-from envgen.instance import Instance
-from envgen.parse import ParsedPlan, parse_answer
-from envgen.simulate import Failure, Valid, check_plan
+from envgen.core.grid import MOVES, grid_of
+from envgen.core.instance import Instance
+from envgen.llm.parse import ParsedPlan, parse_answer
+from envgen.core.simulate import Failure, Valid, check_plan
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ class MAPFReward:
     arguments (the other dataset columns, and TRL's ``trainer_state`` and ``log_metric``): how a trainer records
     what it rewarded.
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> inst = Instance(("FF", "FF"), ((0, 0),), ((1, 1),)).to_str()
     >>> MAPFReward()(prompts=["p", "p", "p"], completions=["Agent 1: RIGHT DOWN", "Agent 1: UP", "hello"],
     ...              instance=[inst] * 3, optimal_soc=[2] * 3)

@@ -14,7 +14,7 @@ import zlib
 from enum import IntEnum
 from typing import NamedTuple
 
-from envgen.cbs_lowlevel import MDD, ConflictAvoidanceTable
+from envgen.solver.cbs_lowlevel import MDD, ConflictAvoidanceTable
 
 
 class Kind(IntEnum):
@@ -38,7 +38,7 @@ class Conflict(NamedTuple):
     """One conflict. Vertex: ``a``, ``b`` on ``u`` at ``t``. Edge: ``a`` moves ``u -> v`` and ``b`` moves ``v -> u``,
     arriving at ``t``. Target: ``a`` is on its goal ``u`` for good, ``b`` is there at ``t``. Rectangle: the vertex
     conflict of ``a`` and ``b`` on ``u`` at ``t``, resolved by ``barriers`` (the space-time keys forbidden to ``a`` in
-    one child and to ``b`` in the other, see :mod:`envgen.cbs_rectangle`)."""
+    one child and to ``b`` in the other, see :mod:`envgen.solver.cbs_rectangle`)."""
 
     kind: Kind
     a: int

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from envgen.grid import DELTAS, Move
-from envgen.instance import Instance
-from envgen.render import agent_letter, ascii_grid, render_coords
+from envgen.core.grid import DELTAS, Move
+from envgen.core.instance import Instance
+from envgen.core.render import agent_letter, ascii_grid, render_coords
 
 WORDS = ("UP", "DOWN", "LEFT", "RIGHT", "WAIT")
 LETTERS = ("U", "D", "L", "R", "W")
@@ -90,7 +90,7 @@ def board(instance: Instance, style: PromptStyle) -> str:
 def format_answer(instance: Instance, moves: list[list[str]], style: PromptStyle = PromptStyle()) -> str:
     """A plan written exactly in the answer format the prompt asks for (used for demonstrations).
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> inst = Instance(("FF", "FF"), ((0, 0),), ((1, 1),))
     >>> print(format_answer(inst, [["RIGHT", "DOWN"]], PromptStyle(moves="letters", trace=True)))
     <answer>
@@ -115,7 +115,7 @@ def format_answer(instance: Instance, moves: list[list[str]], style: PromptStyle
 def build_messages(instance: Instance, style: PromptStyle = PromptStyle()) -> list[dict[str, str]]:
     """Chat messages (``role``/``content``) for one instance.
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> msgs = build_messages(Instance(("FF", "FH"), ((0, 0),), ((1, 0),)))
     >>> print(msgs[1]["content"])
       0 1

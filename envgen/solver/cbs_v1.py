@@ -1,15 +1,15 @@
 """The solver of generator version 1 (``mapf-frozenlake-gen/1``), kept unchanged so that files written by that version
 regenerate byte for byte (:class:`envgen.generator.GeneratorOptions` ``version=1``).
 
-Plain CBS as it was before :mod:`envgen.cbs_search`: best-first over constraint-tree nodes ordered by (sum of costs,
+Plain CBS as it was before :mod:`envgen.solver.cbs_search`: best-first over constraint-tree nodes ordered by (sum of costs,
 number of conflicts), split on the earliest conflict, a space-time A* low level whose conflict-avoidance table is
 rebuilt on every call; two agents on boards up to 10x10 go to an exact joint A* after ``JOINT_HANDOVER`` nodes
-(:func:`solve_joint`). Its plans are optimal (same sums of costs as :func:`envgen.cbs.solve`), but which optimal plan
+(:func:`solve_joint`). Its plans are optimal (same sums of costs as :func:`envgen.solver.cbs.solve`), but which optimal plan
 it returns, how many nodes it counts, and which draws it leaves over budget differ from the current solver, and those
-are written into every instance file. Use :func:`envgen.cbs.solve` for anything else.
+are written into every instance file. Use :func:`envgen.solver.cbs.solve` for anything else.
 
-The budget is :class:`envgen.cbs.SolverBudget` (``max_nodes``, ``max_seconds``, ``max_joint_work``; not
-``max_joint_states``); results are :class:`envgen.cbs.Solved` / :class:`envgen.cbs.Unsolved`.
+The budget is :class:`envgen.solver.cbs.SolverBudget` (``max_nodes``, ``max_seconds``, ``max_joint_work``; not
+``max_joint_states``); results are :class:`envgen.solver.cbs.Solved` / :class:`envgen.solver.cbs.Unsolved`.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import time
 from itertools import product
 from typing import NamedTuple
 
-from envgen.cbs import Solved, SolveResult, SolverBudget, Unsolved, UnsolvedReason
-from envgen.grid import UNREACHABLE, Grid, grid_of
-from envgen.instance import Instance
+from envgen.solver.cbs import Solved, SolveResult, SolverBudget, Unsolved, UnsolvedReason
+from envgen.core.grid import UNREACHABLE, Grid, grid_of
+from envgen.core.instance import Instance
 
 JOINT_HANDOVER = 8
 """CBS nodes expanded before the joint search takes over, where it applies (``SolverBudget.max_joint_work``)."""
@@ -85,7 +85,7 @@ def solve(instance: Instance, budget: SolverBudget | None = None) -> SolveResult
     Agents in different connected components of the grid never meet, so each component's agents are solved as an
     independent group (costs add up); the node budget applies per group, the time budget to the whole solve.
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> corridor = Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
     >>> r = solve(corridor)
     >>> (r.soc, r.makespan, r.shortest, r.needs_wait)

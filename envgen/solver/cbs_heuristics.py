@@ -7,14 +7,14 @@ weight) then bounds the rise of the sum of costs, so ``g + h`` never overestimat
 
 - **CG** (cardinal conflict graph): weight 1 for a pair with a cardinal conflict.
 - **WDG** (weighted dependency graph): the pair's exact extra cost, by solving the two agents alone under their
-  constraints (memoised on those constraints, see :mod:`envgen.cbs_search`), after a cheap test of the pair's MDDs:
+  constraints (memoised on those constraints, see :mod:`envgen.solver.cbs_search`), after a cheap test of the pair's MDDs:
   if some pair of optimal paths is conflict-free the weight is 0.
 """
 
 from __future__ import annotations
 
-from envgen.cbs_lowlevel import MDD
-from envgen.grid import Grid
+from envgen.solver.cbs_lowlevel import MDD
+from envgen.core.grid import Grid
 
 EXACT_COMPONENT = 8
 """Components of the conflict graph up to this many agents get an exact vertex cover; larger ones a greedy matching

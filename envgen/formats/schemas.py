@@ -23,9 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from envgen.instance import Instance, InstanceError
-from envgen.parse import ParseError
-from envgen.simulate import FailureCategory, Valid, check_plan
+from envgen.core.instance import Instance, InstanceError
+from envgen.llm.parse import ParseError
+from envgen.core.simulate import FailureCategory, Valid, check_plan
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def _plan_replays(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
 
 
 def _solver_agrees(row: Mapping[str, Any], _: Mapping[str, str]) -> bool:
-    from envgen.cbs import Solved, SolverBudget, solve
+    from envgen.solver.cbs import Solved, SolverBudget, solve
 
     inst = _instance(row)
     if not _checkable(inst):
@@ -254,18 +254,18 @@ TRAJECTORIES = Dataset("trajectories", "One row per answer of a model to an inst
     Column("optimal_tokens", pa.int32(), "Tokens of the instance's solver-optimal answer in the answer format: no "
            "budget may be below it.", required=True, lo=1),
     Column("parsed", pa.bool_(), "Whether the answer could be read as a plan.", required=True),
-    Column("parse_error", pa.string(), "Why not (envgen.parse.ParseError), else null.", values=_PARSE_ERRORS),
+    Column("parse_error", pa.string(), "Why not (envgen.llm.parse.ParseError), else null.", values=_PARSE_ERRORS),
     Column("plan", pa.list_(pa.string()), "Parsed moves per agent, space-separated; null when unparsed."),
     Column("valid", pa.bool_(), "Valid plan.", required=True),
     Column("optimal", pa.bool_(), "Valid and of optimal sum of costs.", required=True),
-    Column("failure_category", pa.string(), "First failure (envgen.simulate.FailureCategory) of a parsed invalid plan.",
+    Column("failure_category", pa.string(), "First failure (envgen.core.simulate.FailureCategory) of a parsed invalid plan.",
            values=_FAILURES),
     Column("failure_agent", pa.int16(), "1-based agent of that failure."),
     Column("failure_step", pa.int32(), "Time step of that failure."),
     Column("soc", pa.int32(), "Sum of costs of a valid plan."),
     Column("makespan", pa.int32(), "Makespan of a valid plan."),
     Column("optimal_soc", pa.int32(), "The instance's optimal sum of costs.", required=True),
-    Column("reward", pa.float32(), "Reward (envgen.reward.RewardConfig).", required=True, lo=-10.0, hi=10.0),
+    Column("reward", pa.float32(), "Reward (envgen.llm.reward.RewardConfig).", required=True, lo=-10.0, hi=10.0),
     Column("model_id", pa.string(), "Base model.", required=True),
     Column("adapter_hash", pa.string(), "Short SHA-256 of the LoRA adapter folder, null without one."),
     Column("backend", pa.string(), "Generation backend."),
@@ -280,9 +280,9 @@ COMPLETIONS = Dataset("completions", "Every GRPO completion of a training stage 
     Column("num_agents", pa.int16(), "Agents in the instance."),
     Column("needs_wait", pa.bool_(), "Whether the instance's optimum needs a wait or detour."),
     Column("completion", pa.string(), "The sampled answer.", required=True),
-    Column("reward", pa.float32(), "Reward (envgen.reward.RewardConfig).", required=True, lo=-10.0, hi=10.0),
+    Column("reward", pa.float32(), "Reward (envgen.llm.reward.RewardConfig).", required=True, lo=-10.0, hi=10.0),
     Column("parsed", pa.bool_(), "Whether the answer could be read as a plan.", required=True),
-    Column("parse_error", pa.string(), "Why not (envgen.parse.ParseError), else null.", values=_PARSE_ERRORS),
+    Column("parse_error", pa.string(), "Why not (envgen.llm.parse.ParseError), else null.", values=_PARSE_ERRORS),
     Column("valid", pa.bool_(), "Valid plan.", required=True),
     Column("optimal", pa.bool_(), "Valid and of optimal sum of costs.", required=True),
     Column("failure_category", pa.string(), "First failure of a parsed invalid plan.", values=_FAILURES),

@@ -12,7 +12,7 @@ from functools import lru_cache
 from operator import getitem
 from typing import NamedTuple
 
-from envgen.instance import FREE, Cell
+from envgen.core.instance import FREE, Cell
 
 
 class Move(str, Enum):

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from envgen.grid import Move
+from envgen.core.grid import Move
 
 MAX_MOVES = 256
 """Longest move list accepted per agent; longer answers are runaway repetition (``too_long``)."""

@@ -1,20 +1,20 @@
 """Optimal multi-agent path finding by Conflict-Based Search (CBS), minimising the sum of costs.
 
-Rules (the same as :mod:`envgen.simulate`): 4-connected moves or wait; no two agents in one cell at one time (vertex
+Rules (the same as :mod:`envgen.core.simulate`): 4-connected moves or wait; no two agents in one cell at one time (vertex
 conflict) and no two agents swapping cells in one step (edge conflict); following and rotation cycles are allowed; an
 agent's cost is the time of its last arrival at its goal, where it then stays.
 
-The search (:mod:`envgen.cbs_search`) is CBS with the improvements of the literature, as in CBSH2-RTC (Li et al.
+The search (:mod:`envgen.solver.cbs_search`) is CBS with the improvements of the literature, as in CBSH2-RTC (Li et al.
 2021), each switchable through :class:`CBSOptions`: conflicts classified by MDDs and split cardinal first (ICBS),
 bypass, the WDG heuristic (pairwise dependencies solved and memoised, then a weighted vertex cover), target reasoning
-and rectangle reasoning restricted to rectangles it can prove (:mod:`envgen.cbs_rectangle`), incremental conflict
-detection and a conflict-avoidance table kept across nodes. The low level (:mod:`envgen.cbs_lowlevel`) is a space-time
+and rectangle reasoning restricted to rectangles it can prove (:mod:`envgen.solver.cbs_rectangle`), incremental conflict
+detection and a conflict-avoidance table kept across nodes. The low level (:mod:`envgen.solver.cbs_lowlevel`) is a space-time
 A* on the exact obstacle-aware distance, ties broken toward fewer conflicts. Every option keeps the sum of costs
 optimal.
 
 Agents in different connected components never meet, so each component's agents are solved as an independent group.
 CBS cannot prove that no plan exists, and crowded pockets (several agents shuffling through a few cells) make its
-tree explode, so the exhaustive searches of :mod:`envgen.cbs_joint` back it up. Two agents on a small board
+tree explode, so the exhaustive searches of :mod:`envgen.solver.cbs_joint` back it up. Two agents on a small board
 (``SolverBudget.max_joint_work``: up to 10x10 by default) whose root conflicts are first checked for a pocket they
 cannot leave (a reachability search of at most ``POCKET_STATES`` configurations), then go to the exact joint A* after
 ``JOINT_HANDOVER`` nodes. A
@@ -35,12 +35,12 @@ from enum import Enum
 from itertools import combinations
 from typing import NamedTuple
 
-from envgen.cbs_conflicts import pair_collides
-from envgen.cbs_joint import JointFailure, JointPlan, joint_search, reachable
-from envgen.cbs_lowlevel import NO_CONSTRAINTS, find_path, shortest_path
-from envgen.cbs_search import CBS, CBSOptions, Found
-from envgen.grid import UNREACHABLE, Grid, grid_of
-from envgen.instance import Cell, Instance
+from envgen.solver.cbs_conflicts import pair_collides
+from envgen.solver.cbs_joint import JointFailure, JointPlan, joint_search, reachable
+from envgen.solver.cbs_lowlevel import NO_CONSTRAINTS, find_path, shortest_path
+from envgen.solver.cbs_search import CBS, CBSOptions, Found
+from envgen.core.grid import UNREACHABLE, Grid, grid_of
+from envgen.core.instance import Cell, Instance
 
 __all__ = ["CBSOptions", "EXHAUSTIVE_AFTER", "EXHAUSTIVE_AGENTS", "JOINT_HANDOVER", "SolveResult", "Solved", "SolverBudget", "Unsolved",
            "UnsolvedReason", "solve", "solve_joint"]
@@ -53,7 +53,7 @@ configurations runs first: it proves a pair shut in a pocket unsolvable (about 0
 exhausted joint A* took about 5 ms on the training distribution) and otherwise stops undecided, changing nothing."""
 
 NO_SEQUENCE = "no sequence of moves brings the agents from their starts to their goals (exhaustive reachability)"
-"""Why a group is unsolvable when the reachability search exhausted one end (:func:`envgen.cbs_joint.reachable`)."""
+"""Why a group is unsolvable when the reachability search exhausted one end (:func:`envgen.solver.cbs_joint.reachable`)."""
 
 EXHAUSTIVE_AFTER = 64
 """CBS nodes expanded on a group of agents (beyond the two-agent handover) before the exhaustive searches try it."""
@@ -197,7 +197,7 @@ def solve(instance: Instance, budget: SolverBudget | None = None, options: CBSOp
     Agents in different connected components of the grid never meet, so each component's agents are solved as an
     independent group (costs add up); the node budget applies per group, the time budget to the whole solve.
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> corridor = Instance(("FFF", "HFH"), ((0, 0), (0, 2)), ((0, 2), (0, 0)))
     >>> r = solve(corridor)
     >>> (r.soc, r.makespan, r.shortest, r.needs_wait)
@@ -301,7 +301,7 @@ def shortest_paths_agree(instance: Instance) -> bool:
 
 
 def first_conflict(paths: list[list[int]]) -> tuple[int, int] | None:
-    """The first pair of agents (in agent order) whose ``paths`` collide (:func:`envgen.cbs_conflicts.pair_collides`:
+    """The first pair of agents (in agent order) whose ``paths`` collide (:func:`envgen.solver.cbs_conflicts.pair_collides`:
     a shared cell or a swap, each agent staying on its last cell); None when the paths are conflict-free."""
     return next(((a, b) for a, b in combinations(range(len(paths)), 2) if pair_collides(paths[a], paths[b])), None)
 
@@ -482,7 +482,7 @@ def independent_groups(grid: Grid, starts: list[int], goals: list[int], max_stat
 
 # ------------------------------------------------------------------------------------------- exhaustive fallback
 def solve_joint(instance: Instance, max_states: int = 1_000_000) -> SolveResult:
-    """Optimal sum-of-costs A* over joint configurations (:func:`envgen.cbs_joint.joint_search`); exact, and proves
+    """Optimal sum-of-costs A* over joint configurations (:func:`envgen.solver.cbs_joint.joint_search`); exact, and proves
     unsolvability by exhausting them. Practical for 2-4 agents on small grids; ``max_states`` bounds the states
     visited and ends in ``Unsolved(NODE_BUDGET)``."""
     grid = grid_of(instance.rows)

@@ -6,7 +6,7 @@ size, and the solver budget; :func:`envgen.generator.draw_statistics`), so a fil
 what was left out. Every instance's optimal plan is replayed through the simulator before it is
 written (:func:`verify`: its validity and its SoC must match the solver's), so the ground truth is checked twice by
 independent code. The writer is deterministic: the same configuration, seed and library versions give byte-identical
-files (no timestamps, no timings). Columns (:data:`envgen.schemas.INSTANCES` is the source of truth):
+files (no timestamps, no timings). Columns (:data:`envgen.formats.schemas.INSTANCES` is the source of truth):
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from envgen.config import EnvConfig
-from envgen.files import atomic_write_bytes
+from envgen.core.config import EnvConfig
+from envgen.core.files import atomic_write_bytes
 from envgen.generator import Generated, GeneratorOptions, draw_statistics, generate
-from envgen.instance import Instance, InstanceError
-from envgen.schemas import INSTANCES, Dataset
-from envgen.simulate import Valid, check_paths, paths_to_moves
+from envgen.core.instance import Instance, InstanceError
+from envgen.formats.schemas import INSTANCES, Dataset
+from envgen.core.simulate import Valid, check_paths, paths_to_moves
 
 __doc__ = (__doc__ or "") + "\n" + "\n".join(f"- ``{c.name}`` ({c.type}): {c.description}" for c in INSTANCES.columns)
 

@@ -2,7 +2,7 @@
 
 Cells are grid indices (``row * width + col``); a space-time key is ``t * ncell + cell``, an edge key is
 ``(t * ncell + frm) * ncell + to`` (the move ``frm -> to`` arriving at ``t``). An agent's cost is the time of its last
-arrival at its goal, where it then stays (the rules of :mod:`envgen.simulate`).
+arrival at its goal, where it then stays (the rules of :mod:`envgen.core.simulate`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import heapq
 from functools import lru_cache
 from typing import NamedTuple
 
-from envgen.grid import Grid
+from envgen.core.grid import Grid
 
 INF = 1 << 40
 """An unbounded time or cost."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from envgen.instance import FREE, HOLE, MAX_SIDE, Instance, InstanceError
+from envgen.core.instance import FREE, HOLE, MAX_SIDE, Instance, InstanceError
 
 PASSABLE = frozenset(".GS")
 BLOCKED = frozenset("@OTW")
@@ -36,7 +36,7 @@ MAX_FILE_BYTES = 16_000_000
 
 
 def _read(path: str | Path) -> list[str]:
-    from envgen.files import InputFileError, read_bytes_bounded
+    from envgen.core.files import InputFileError, read_bytes_bounded
 
     try:
         data = read_bytes_bounded(path, MAX_FILE_BYTES, "MovingAI map or scenario file")

@@ -2,7 +2,7 @@
 
 An :class:`Instance` is pure data: a rectangular grid of frozen cells and holes, and for every agent a start and a
 goal cell. Cells are ``(row, col)`` pairs with ``(0, 0)`` the top-left corner. Simulation and solving live elsewhere
-(:mod:`envgen.simulate`, :mod:`envgen.cbs`); they read instances and never change them.
+(:mod:`envgen.core.simulate`, :mod:`envgen.solver.cbs`); they read instances and never change them.
 
 Text format (``Instance.to_str`` / ``Instance.from_str``), one line each, ``#`` starts a comment::
 

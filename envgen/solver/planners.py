@@ -4,8 +4,8 @@
   coordination"); its plan is valid exactly when those paths happen not to conflict.
 - :func:`prioritized_plan`: agents plan one after another around the reservations of those before them.
 
-Each returns a :class:`Planned` plan (move words per agent, to be checked by :func:`envgen.simulate.check_plan`) or
-:class:`NoPlan` with its reason. The optimal reference is :func:`envgen.cbs.solve`.
+Each returns a :class:`Planned` plan (move words per agent, to be checked by :func:`envgen.core.simulate.check_plan`) or
+:class:`NoPlan` with its reason. The optimal reference is :func:`envgen.solver.cbs.solve`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from envgen.grid import UNREACHABLE, grid_of
-from envgen.instance import Instance
-from envgen.simulate import paths_to_moves
+from envgen.core.grid import UNREACHABLE, grid_of
+from envgen.core.instance import Instance
+from envgen.core.simulate import paths_to_moves
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Plan simulator and scorer: is a joint plan valid for an instance, and is it optimal?
 
 A joint plan gives every agent a sequence of moves (``UP``/``DOWN``/``LEFT``/``RIGHT``/``WAIT``, see
-:class:`envgen.grid.Move`) or, equivalently, a sequence of cells from time 0. All agents move simultaneously; an agent
+:class:`envgen.core.grid.Move`) or, equivalently, a sequence of cells from time 0. All agents move simultaneously; an agent
 whose sequence has ended stays where it is (it waits at its goal). The plan is valid when no agent leaves the grid,
 enters a hole or jumps, no two agents occupy one cell at one time (vertex conflict), no two agents swap cells in one
 step (edge conflict), and every agent ends on its goal. Following (moving into a cell another agent leaves in the same
@@ -9,7 +9,7 @@ step) and rotation cycles are allowed.
 
 Costs follow the MAPF convention: an agent's cost is the time of its last arrival at its goal (0 if it starts there and
 never leaves); the sum of costs (SoC) adds them up and the makespan is their maximum. A valid plan is optimal when its
-SoC equals the optimum (from :func:`envgen.cbs.solve` or a stored ``optimal_soc``).
+SoC equals the optimum (from :func:`envgen.solver.cbs.solve` or a stored ``optimal_soc``).
 
 The result is typed: :class:`Valid` or :class:`Failure` with the category and the first failing agent and time step.
 Failures are ordered by time step; at one time step an agent's own fault (off grid, illegal move, hole) comes before a
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from envgen.grid import DELTAS, MOVE_OF_DELTA, MOVES, Grid, Move, grid_of
-from envgen.instance import Cell, Instance
+from envgen.core.grid import DELTAS, MOVE_OF_DELTA, MOVES, Grid, Move, grid_of
+from envgen.core.instance import Cell, Instance
 
 
 class FailureCategory(str, Enum):
@@ -87,7 +87,7 @@ _INF = 1 << 30
 def check_plan(instance: Instance, plan: Sequence[Sequence[Move | str]], optimal_soc: int | None = None) -> Result:
     """Check a joint plan of move words. Unknown words are an ``illegal_move`` failure; this never raises on bad plans.
 
-    >>> from envgen.instance import Instance
+    >>> from envgen.core.instance import Instance
     >>> inst = Instance(("FF", "FF"), ((0, 0),), ((1, 1),))
     >>> check_plan(inst, [["RIGHT", "DOWN"]], optimal_soc=2)
     Valid(soc=2, makespan=2, costs=(2,), optimal=True)

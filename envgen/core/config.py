@@ -27,8 +27,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from envgen import safe_yaml
-from envgen.files import atomic_write_text
+from envgen.core import safe_yaml
+from envgen.core.files import atomic_write_text
 
 MIN_SIZE = 3
 MAX_SIZE = 16

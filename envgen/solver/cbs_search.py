@@ -16,13 +16,13 @@ import time
 from dataclasses import dataclass, replace
 from typing import Literal, NamedTuple
 
-from envgen.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_collides, pair_conflicts,
+from envgen.solver.cbs_conflicts import (Conflict, Kind, Priority, cardinality, conflicts_of, pair_collides, pair_conflicts,
                                   pair_key, pair_order, priority_key)
-from envgen.cbs_heuristics import merge_mdds, vertex_cover
-from envgen.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, add_block,
+from envgen.solver.cbs_heuristics import merge_mdds, vertex_cover
+from envgen.solver.cbs_lowlevel import (INF, MDD, NO_CONSTRAINTS, AgentConstraints, ConflictAvoidanceTable, add_block,
                                  build_mdd, find_path, shortest_path)
-from envgen.cbs_rectangle import rectangle_conflict
-from envgen.grid import Grid
+from envgen.solver.cbs_rectangle import rectangle_conflict
+from envgen.core.grid import Grid
 
 Heuristic = Literal["none", "cg", "wdg"]
 
@@ -36,7 +36,7 @@ class CBSOptions:
         prioritize_conflicts: ICBS (Boyarski et al. 2015): classify each conflict by the agents' MDDs and split on a
             cardinal one first, then semi-cardinal, then non-cardinal. Off: split on the earliest conflict.
         heuristic: the admissible high-level heuristic: ``"none"``, ``"cg"`` (cardinal conflict graph) or ``"wdg"``
-            (weighted pairwise dependency graph, Li et al. 2019), see :mod:`envgen.cbs_heuristics`.
+            (weighted pairwise dependency graph, Li et al. 2019), see :mod:`envgen.solver.cbs_heuristics`.
         bypass: adopt a child's path instead of splitting when it has the same cost and fewer conflicting pairs
             (Boyarski et al. 2015).
         bypass_conflicts: which chosen conflicts a bypass may resolve: ``"non-cardinal"`` (default), only those whose
@@ -47,7 +47,7 @@ class CBSOptions:
         target_reasoning: resolve an agent standing on its goal with length constraints (it settles by ``t`` and
             nobody enters its goal from ``t`` on, or it settles after ``t``) instead of two vertex constraints.
         rectangle_reasoning: resolve the conflicts of two agents crossing an open rectangle with barrier constraints
-            in one split, where the rectangle is provably entered on time (see :mod:`envgen.cbs_rectangle`).
+            in one split, where the rectangle is provably entered on time (see :mod:`envgen.solver.cbs_rectangle`).
         incremental: a child finds only the conflicts of the agents it replans, against a conflict-avoidance table kept
             across nodes. Off: every child rescans every pair of paths and every low-level search builds its own
             table (the search is the same; only slower).
@@ -58,9 +58,9 @@ class CBSOptions:
         inherit_weights: a child's WDG weight for a pair starts from the bound on the pair's joint cost found in its
             ancestors (constraints only accumulate down the tree, so that cost never falls): splits of fewer extra
             steps are not merged again, and a pair that needed more than ``pair_cost`` keeps its bound at no cost.
-        independence: not CBS itself but the solver's last resort (:func:`envgen.cbs.solve`): a group that CBS and the
+        independence: not CBS itself but the solver's last resort (:func:`envgen.solver.cbs.solve`): a group that CBS and the
             exhaustive joint A* leave undecided is split by independence detection (Standley 2010), the agents planned
-            alone and merged only where their plans conflict (:func:`envgen.cbs.independent_groups`).
+            alone and merged only where their plans conflict (:func:`envgen.solver.cbs.independent_groups`).
         conflict_ties: which pair's conflict to split among pairs whose best conflicts have the same cardinality and
             kind (with prioritize_conflicts). ``"earliest"``: the earliest such conflict, then the lowest agents;
             ``"pairs"``: a fixed pseudo-random order of the agent pairs (CRC-32 of the pair), the time left out, as
@@ -70,13 +70,13 @@ class CBSOptions:
             (docs/lab-notes/solver.md), so the default keeps the plans the generator has always stored.
         rectangle_starts: with rectangle_reasoning, also the rectangles of two agents that have moved every step
             since their starts on the two side lines of a corner, with barriers reaching back to the starts (the second
-            split of :mod:`envgen.cbs_rectangle`, sound for any paths). Off: the first split only, as the generator's
+            split of :mod:`envgen.solver.cbs_rectangle`, sound for any paths). Off: the first split only, as the generator's
             versions 2 and 3 search (their stored plans and node limits came from that search).
         merge_order: how the MDD merges behind WDG weights search the two agents' joint states: ``"breadth"``, level by
             level (the generator's versions 2 and 3), or ``"depth"``, depth first, which usually finds a conflict-free
-            pair after a few states per level and so decides within :data:`envgen.cbs_heuristics.SYNC_LIMIT` more
+            pair after a few states per level and so decides within :data:`envgen.solver.cbs_heuristics.SYNC_LIMIT` more
             often; the same weights whenever both decide, other witness plans.
-        interleave: not CBS itself but the solver's back-ups (:func:`envgen.cbs.solve`): a group of up to five
+        interleave: not CBS itself but the solver's back-ups (:func:`envgen.solver.cbs.solve`): a group of up to five
             agents that CBS has not solved after ``EXHAUSTIVE_AFTER`` nodes gets the exhaustive searches in rounds of
             growing state budgets (``INTERLEAVE_STATES``, four times more each round, up to
             ``SolverBudget.max_joint_states``), CBS resumed for more nodes between rounds, so whichever search

@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 from typing import NamedTuple
 
-from envgen.grid import Grid
+from envgen.core.grid import Grid
 
 
 class JointPlan(NamedTuple):

@@ -1,0 +1,1 @@
+"""Files: the instances and trajectories datasets (Parquet) and their schemas, and MovingAI maps and scenarios."""
