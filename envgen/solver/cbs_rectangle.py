@@ -41,13 +41,28 @@ side as well) or because one path leaves across the other far side.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
+from envgen.core.grid import Grid
 from envgen.solver.cbs_conflicts import Conflict, Kind, Priority
-from envgen.solver.cbs_lowlevel import MDD
+from envgen.solver.cbs_lowlevel import MDD, AgentConstraints
 
-if TYPE_CHECKING:
-    from envgen.solver.cbs_search import CBS, Node
+
+class CBS(Protocol):
+    """What rectangle reasoning reads of the search (:class:`envgen.solver.cbs_search.CBS`), named here so that this
+    module does not import the search that calls it."""
+
+    grid: Grid
+    starts: Any  # each agent's start cell
+    ncell: int
+    options: Any  # CBSOptions (its rectangle_starts)
+
+
+class Node(Protocol):
+    """What rectangle reasoning reads of a constraint-tree node (:class:`envgen.solver.cbs_search.Node`)."""
+
+    paths: list[list[int]]
+    cons: list[AgentConstraints]
 
 
 def rectangle_conflict(search: CBS, node: Node, conflict: Conflict, mdd_a: MDD,
