@@ -132,3 +132,15 @@ def test_a_keyless_endpoint_is_written_as_an_empty_key_variable():
     params = load_params(ROOT / "params.yaml", ["engineer.api_key_env=", "rollout.api_key_env=null"])
     assert params.engineer.api_key_env is None and params.rollout.api_key_env is None
     assert OpenAIBackend("http://127.0.0.1:1/v1", "m", api_key_env=params.engineer.api_key_env)._key() is None
+
+
+def test_the_recipe_and_sampler_registries_are_the_settings_values_and_their_help():
+    """``RECIPES`` and ``SAMPLERS`` list exactly the values the settings take, and each value's line is in the help."""
+    import typing
+
+    from pipeline.params import RECIPES, SAMPLERS, TrainSettings
+
+    for name, registry in (("recipe", RECIPES), ("sampler", SAMPLERS)):
+        field = TrainSettings.model_fields[name]
+        assert set(typing.get_args(field.annotation)) == set(registry), name
+        assert all(f"'{value}', {line}" in field.description for value, line in registry.items()), name
