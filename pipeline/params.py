@@ -139,7 +139,7 @@ SAMPLERS: dict[str, str] = {
     "vllm-merged": "the project's vLLM engine, given the merged weights each cycle",
 }
 """``train.sampler``: who samples GRPO's completions (:func:`policy.grpo_rollout.grpo_sampler`)."""
-Sampler = Literal["auto", "trl", "trl-vllm", "backend", "vllm-lora", "vllm-merged"]
+SamplerName = Literal["auto", "trl", "trl-vllm", "backend", "vllm-lora", "vllm-merged"]
 
 GONE_TRAIN_KEYS = {
     "sft": "replaced by recipe ('distill' for the supervised pass alone, 'grpo' for GRPO alone, 'distill+grpo' for "
@@ -270,7 +270,7 @@ class TrainSettings(_Section):
     seed: int = Field(0, ge=0, le=SEED_MAX, description="Seed of data order, LoRA initialisation and sampling.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where to train ('auto': CUDA when there is "
                                                    "one; with $ENV_ENGINEER_GPUS, a GPU claimed from that pool).")
-    sampler: Sampler = Field("auto", description="Who samples GRPO's completions: " + "; ".join(
+    sampler: SamplerName = Field("auto", description="Who samples GRPO's completions: " + "; ".join(
         f"'{k}', {v}" for k, v in SAMPLERS.items()) + ".")
     vllm_gpu_memory: float = Field(0.3, gt=0, le=1, description="With a vLLM sampler ('trl-vllm', 'vllm-lora', "
                                    "'vllm-merged'): share of the GPU's memory the colocated vLLM may take (the trainer "
