@@ -48,9 +48,10 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
         # experiments
         "compare": ("Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
                     compare, *step),
-        "sensitivity": ("How much one stage's environment can matter: one stage per hand-set configuration and seed from "
-                        "one starting adapter, scored on the same held-out instances.", sensitivity, *step),
-        "sensitivity-merge": ("One summary of several sensitivity summaries of the same start and held-out files (a "
+        "sensitivity": ("How much the environment can matter: the pipeline under hand-set configurations (or sequences "
+                        "of them), one DVC experiment per configuration and seed, scored on the same benchmark answers.",
+                        sensitivity, *step),
+        "sensitivity-merge": ("One summary of several sensitivity summaries of the same start and held-out instances (a "
                               "study run in parts): runs side by side, spread and configuration effect over all.",
                               sensitivity, "add_merge_arguments", "run_merge"),
         "report": ("Write a self-contained HTML report (and PNGs) of a curriculum run.", report, *step),

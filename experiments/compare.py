@@ -2,7 +2,8 @@
 
 ``env-engineer compare --engineers policy,base,heuristic,random,fixed,plr,alp,learnability --seeds 0,1,2 --run --jobs 2``
 queues one DVC experiment per (engineer, seed) (``dvc exp run --queue -n cmp-<engineer>-s<seed> -S engineer.engineer=...
--S train.seed=... -S env.seed=... -S engineer.seed=...``: every other knob is the workspace's, so budgets are equal), runs
+-S train.seed=... -S env.seed=... -S engineer.seed=...``, :func:`experiments.plan.comparison_plan`: every other knob is
+the workspace's, so budgets are equal), runs
 the queue with ``dvc queue start -j N``, waits for it, and builds the table from ``dvc exp show``. With ``--via prefect``
 each experiment is instead a run of the Prefect deployment of the ``curriculum`` flow (``dvc exp run --temp -n NAME
 -S ...``), taken by whichever worker of the pool is free (``env-engineer workers --gpus 0,1``: one worker per GPU), so
@@ -13,10 +14,11 @@ workspaces instead (a run stopped before DVC saved its experiments). ``--context
 instead (the paper's ablation).
 
 First, once, in the workspace, the stages no experiment changes (the starting policy, the held-out sets:
-:func:`seed_free_stages`); then two waves: per seed, a short experiment (``cmp-shared-s<seed>``, removed afterwards)
-that runs only the stages every engineer of that seed shares (everything before the engineers' first decision), then
-every experiment at once, each restoring those stages from DVC's run-cache. How the waves run:
-:mod:`experiments.runner`; what is read back and aggregated: :mod:`experiments.records`.
+:func:`experiments.plan.seed_free_stages`); then two waves: per seed, a short experiment (``shared-cmp-...``, removed
+afterwards) that runs only the stages every engineer of that seed shares (everything before the engineers' first
+decision), then every experiment at once, each restoring those stages from DVC's run-cache. The plan and its waves:
+:mod:`experiments.plan`; how they run: :mod:`experiments.runner`; what is read back and aggregated:
+:mod:`experiments.records`.
 Each queued experiment's stages run in processes of their own; with ``ENV_ENGINEER_GPUS`` set (:mod:`policy.devices`)
 each claims a GPU of that pool, or shares them (``ENV_ENGINEER_GPU_SLOTS``).
 
@@ -30,74 +32,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from envgen.core.files import atomic_write_text
-from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, pipeline_stages
-from experiments.records import aggregate, experiment_records, last_stage_result, missing, outcomes, workspace_records
-from experiments.runner import QueueStalled, run_flow_runs, run_wave_in_queue
+from experiments.dvc import DvcError, experiments_shown, pipeline_stages
+from experiments.plan import comparison_plan
+from experiments.records import aggregate, experiment_records, missing, outcomes, workspace_records
+from experiments.runner import QueueStalled, run_plan
 from pipeline.params import ParamsError, load_params, parse_overrides
-
-
-def experiment_plan(engineers: list[str], seeds: list[int], contexts: list[str] | None = None) -> list[dict[str, Any]]:
-    """One experiment per (engineer or context, seed): its name, arm, seed and parameter overrides."""
-    plan = []
-    arms = [("policy", c) for c in contexts] if contexts else [(e, None) for e in engineers]
-    for engineer, context in arms:
-        for seed in seeds:
-            name = f"cmp-{engineer if context is None else 'ctx-' + context}-s{seed}"
-            sets = {"engineer.engineer": engineer, "train.seed": seed, "env.seed": seed, "engineer.seed": seed}
-            if context is not None:
-                sets["engineer.context"] = context
-            plan.append({"name": name, "arm": engineer if context is None else f"policy/{context}", "seed": seed, "set": sets})
-    return plan
-
-
-SHARED_PREFIX = "cmp-shared-s"
-"""Name prefix of the short experiments that run a seed's shared stages (``cmp-shared-s<seed>``), removed after."""
-
-
-def shared_stages(stages: list[StageFiles]) -> list[str]:
-    """The stages every engineer of a seed runs alike: those of the first curriculum item except its engineer's
-    (``engineer-config``, the first decision); DVC runs what they depend on with them."""
-    first = next((s.item for s in stages if s.item is not None), None)
-    return [s.name for s in stages if first is not None and s.item == first and s.step != "engineer-config"]
-
-
-def seed_free_stages(stages: list[StageFiles], keys: list[str] | tuple[str, ...]) -> list[str]:
-    """The stages outside the curriculum's ``foreach`` loops that read none of ``keys`` (the parameters the
-    experiments set: engineer and seeds) and depend on no stage that does: the same in every experiment (the starting
-    policy, the validation set, the benchmark). The comparison runs them once, in the workspace, before it queues
-    anything, so each experiment finds them done instead of running them again (the starting policy's outputs are in
-    git, which DVC's run-cache does not restore)."""
-    def reads(stage: StageFiles) -> bool:
-        return any(k == p or k.startswith(p + ".") or p.startswith(k + ".") for k in keys for p in stage.params_keys)
-
-    free: set[str] = set()
-    for s in stages:  # each after the stages it depends on
-        if s.item is None and not reads(s) and all(u in free for u in s.upstream):
-            free.add(s.name)
-    return [s.name for s in stages if s.name in free]
-
-
-def waves(plan: list[dict[str, Any]], done: set[str] | frozenset[str] = frozenset(),
-          shared: list[str] | tuple[str, ...] = ()) -> list[list[dict[str, Any]]]:
-    """The plan less the experiments in ``done``, in two waves, so that the stages every engineer of a seed shares run
-    once and the others restore them from DVC's run-cache. With ``shared`` (:func:`shared_stages`): first a short
-    experiment per seed that runs only those stages (``targets``; named ``cmp-shared-s<seed>``), then every remaining
-    experiment at once. Without: the first remaining experiment of each seed, whole, then the rest."""
-    todo = [item for item in plan if item["name"] not in done]
-    first: dict[Any, dict[str, Any]] = {}
-    for item in todo:
-        first.setdefault(item["seed"], item)
-    if shared:
-        prefix = [{**item, "name": f"{SHARED_PREFIX}{seed}", "arm": None, "targets": list(shared)}
-                  for seed, item in first.items()]
-        return [w for w in (prefix, todo) if w]
-    rest = [item for item in todo if first[item["seed"]] is not item]
-    return [w for w in (list(first.values()), rest) if w]
 
 
 def _cell(m: dict[str, float] | None, sign: bool = False) -> str:
@@ -195,43 +138,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
 
 
-def run_experiments(args: argparse.Namespace, plan: list[dict[str, Any]], extra: dict[str, Any],
-                    stages: list[StageFiles]) -> dict[str, Any]:
-    """``--run``: the stages no experiment changes once in the workspace (:func:`seed_free_stages`), then the plan's
-    unfinished experiments wave by wave (:func:`waves`) through DVC's queue or Prefect; returns what ran on what:
-    wall seconds, the GPUs (kind, count) and how busy they were."""
-    from experiments.machine import BusySampler, describe_gpus
-
-    began = time.monotonic()
-    with BusySampler() as busy:
-        done = {rec["name"] for rec in experiment_records(experiments_shown(args.repo))
-                if last_stage_result(rec, stages) is not None}
-        common = seed_free_stages(stages, sorted({k for item in plan for k in item["set"]} | set(extra)))
-        if common and len(done) < len(plan):
-            print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
-                  f"{', '.join(common)}", flush=True)
-            dvc(["repro", *common], args.repo)
-        for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
-            wave_began = time.monotonic()
-            print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
-            if args.via == "prefect":
-                states = run_flow_runs(args.deployment, wave, extra, repo=args.repo)
-            else:
-                states = run_wave_in_queue(args.repo, args.jobs, wave, extra)
-            failed = [name for name, state in states.items() if state == "Failed"]
-            if failed:
-                where = "the flow runs' logs in Prefect show why" if args.via == "prefect" else "`dvc queue logs NAME` shows why"
-                print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
-            print(f"{time.strftime('%H:%M:%S')} wave {number} done in {time.monotonic() - wave_began:.0f} s", flush=True)
-            scaffolding = [item["name"] for item in wave if item.get("targets")]
-            if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
-                try:
-                    dvc(["exp", "remove", *scaffolding], args.repo)
-                except DvcError as e:
-                    print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
-    return {"wall_s": round(time.monotonic() - began, 1), "gpus": describe_gpus(), "gpu_busy": busy.summary()}
-
-
 def run(args: argparse.Namespace) -> int:
     from engineers.llm import CONTEXTS
     from engineers.registry import ENGINEERS
@@ -248,11 +154,11 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise ValueError(f"--jobs {args.jobs}: must be at least 1")
         extra = parse_overrides(args.set)
-        plan = experiment_plan(engineers, seeds, contexts)
+        plan = comparison_plan(engineers, seeds, contexts)
         for item in plan:  # every experiment's parameters are checked before anything is queued
-            load_params(args.repo / "params.yaml", {**item["set"], **extra})
+            load_params(args.repo / "params.yaml", {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        ran = run_experiments(args, plan, extra, stages) if args.run else None
+        ran = run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment) if args.run else None
         if args.workspaces:
             records = workspace_records(args.workspaces, stages)
         else:

@@ -62,6 +62,40 @@ BUSY_MARKERS = ("Unable to acquire lock", "is busy", "FileLocked", "index is loc
 file (``packed-refs.lock``, the index; DVC issue 10673)."""
 
 
+def override_value(value: object) -> str:
+    """A parameter value in the words ``dvc exp run -S`` reads (Hydra's override grammar): scalars as JSON, lists
+    and mappings as ``[a, b]`` and ``{key: value}`` with bare keys (a quoted key is not Hydra's), so a whole list of
+    configurations can be set at once.
+
+    >>> override_value([{3: {"data_ratio": 0.5}}, {"stage": 0, "prev": "init"}])
+    '[{3: {data_ratio: 0.5}}, {stage: 0, prev: "init"}]'
+    """
+    import json
+
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {override_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(override_value(v) for v in value) + "]"
+    return json.dumps(value)
+
+
+def set_words(overrides: dict[str, object]) -> list[str]:
+    """``-S key=value`` words of ``dvc exp run`` for dotted ``overrides`` (:func:`override_value`). A mapping replaces
+    the whole mapping there, as :func:`pipeline.params.apply_overrides` does (``-S ~key -S +key={...}``: Hydra would
+    merge it key by key, and cannot address the number keys of a configuration's sizes).
+
+    >>> set_words({"train.seed": 1, "env": {"budget": 8}})
+    ['-S', '++train.seed=1', '-S', '~env', '-S', '+env={budget: 8}']
+    """
+    words = []
+    for key, value in overrides.items():
+        if isinstance(value, dict):
+            words += ["-S", f"~{key}", "-S", f"+{key}={override_value(value)}"]
+        else:
+            words += ["-S", f"++{key}={override_value(value)}"]  # ++: set, or add where the file leaves it out
+    return words
+
+
 def dvc_env() -> dict[str, str]:
     """The environment for ``dvc`` and ``env-engineer`` subprocesses: this Python's ``bin`` folder first on PATH (a
     virtualenv works without being activated) and DVC's analytics off."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.dvc import StageFiles, stage_named
+from experiments.plan import Experiment
 from experiments.stats import mean_ci
 
 
@@ -31,7 +32,7 @@ def experiment_records(show: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def workspace_records(folder: Path, stages: list[StageFiles]) -> list[dict[str, Any]]:
     """The same records as :func:`experiment_records`, read from experiment workspaces instead of ``dvc exp show``:
     every subfolder of ``folder`` that holds a ``params.yaml`` is one experiment, named after the subfolder
-    (``cmp-fixed-s0``, as :func:`experiment_plan` names them), its files at the paths ``dvc.yaml`` declares. For
+    (``cmp-fixed-s0``, as :func:`experiments.plan.comparison_plan` names them), its files at the paths ``dvc.yaml`` declares. For
     experiments that DVC never saved: a run stopped before its last stages, whose workspaces (DVC's
     ``.dvc/tmp/exps``) were copied while it ran."""
     import yaml
@@ -68,18 +69,18 @@ def _read_parquet(repo: Path, record: dict[str, Any], path: str, columns: list[s
         return pq.read_table(io.BytesIO(f.read()), columns=columns)
 
 
-def outcomes(repo: Path, records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> Any:
+def outcomes(repo: Path, records: list[dict[str, Any]], plan: list[Experiment], stages: list[StageFiles]) -> Any:
     """Every benchmark answer of the planned experiments, one row each: arm, seed, stage, content hash, agents, size,
     wait ratio, valid, optimal (Arrow table), so a comparison's tables and figures can be derived again; a stage whose
     rollout cannot be read (not run, not in DVC's cache) is left out."""
     import pyarrow as pa
     from dvc.exceptions import DvcException
 
-    arms = {item["name"]: item for item in plan}
+    arms = {item.name: item for item in plan}
     tables, waits = [], None
     for rec in records:
         item = arms.get(rec["name"])
-        if item is None or item.get("targets"):
+        if item is None or item.targets:
             continue
         for k in curriculum_stages(rec["params"]):
             evaluate = stage_named(stages, "evaluate", str(k))
@@ -96,7 +97,7 @@ def outcomes(repo: Path, records: list[dict[str, Any]], plan: list[dict[str, Any
                 print(f"warning: {rec['name']} stage {k}: no benchmark answers ({type(e).__name__})", file=sys.stderr)
                 continue
             n = table.num_rows
-            tables.append(pa.table({"engineer": [item["arm"]] * n, "seed": [item["seed"]] * n, "stage": [k] * n,
+            tables.append(pa.table({"engineer": [item.arm] * n, "seed": [item.seed] * n, "stage": [k] * n,
                                     **{c: table.column(c) for c in OUTCOME_COLUMNS},
                                     "wait_ratio": [waits.get(h) for h in table.column("content_hash").to_pylist()]}))
     return pa.concat_tables(tables) if tables else None
@@ -169,7 +170,7 @@ def stage_result(record: dict[str, Any], stages: list[StageFiles], stage: int) -
     return out
 
 
-def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles],
+def aggregate(records: list[dict[str, Any]], plan: list[Experiment], stages: list[StageFiles],
               reference: str | None = "fixed") -> dict[str, Any]:
     """Per arm: its seeds and, per metric, mean and 95% interval across seeds (last stage); the same per curriculum
     stage for the headline metrics (``stages``: the curve across stages); the configuration each stage trained on,
@@ -177,7 +178,7 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages:
     ``reference``, the difference from ``reference`` paired by seed (the same seeds, hence the same stage 0 and data
     draws), with its 95% t-interval across seeds (``vs_reference``). Only experiments that finished their last stage
     count, so every arm is compared at equal budget."""
-    arms = {item["name"]: item["arm"] for item in plan}
+    arms = {item.name: item.arm for item in plan}
     values: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     by_seed: dict[str, dict[str, dict[Any, float]]] = defaultdict(lambda: defaultdict(dict))
     per_stage: dict[str, dict[int, dict[str, list[float]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
@@ -219,7 +220,7 @@ def aggregate(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages:
     return table
 
 
-def missing(records: list[dict[str, Any]], plan: list[dict[str, Any]], stages: list[StageFiles]) -> list[str]:
+def missing(records: list[dict[str, Any]], plan: list[Experiment], stages: list[StageFiles]) -> list[str]:
     """Planned experiments with no final-stage results among ``records``."""
     found = {rec["name"] for rec in records if last_stage_result(rec, stages) is not None}
-    return [item["name"] for item in plan if item["name"] not in found]
+    return [item.name for item in plan if item.name not in found]

@@ -1,5 +1,6 @@
-"""Running a comparison's experiments: through DVC's queue (:func:`run_wave_in_queue`), or as runs of a Prefect
-deployment (:func:`run_flow_runs`), each waited for until final, with progress printed.
+"""Running a study's experiments (:func:`run_plan`: the comparison's and the sensitivity study's): through DVC's queue
+(:func:`run_wave_in_queue`), or as runs of a Prefect deployment (:func:`run_flow_runs`), each waited for until final,
+with progress printed.
 
 DVC's queue: a wave is queued only once the workers of the one before have left, and its workers start after its last
 experiment is queued (a DVC worker leaves when it finds the queue empty, and one that takes a task on its way out drops
@@ -16,17 +17,13 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from experiments.dvc import dvc
+from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, set_words
+from experiments.plan import Experiment, seed_free_stages, shared_stages, waves
 
 
-def queue_args(item: dict[str, Any], extra: dict[str, Any]) -> list[str]:
-    """``dvc exp run --queue`` arguments of one planned experiment (values written as JSON, which YAML reads back)."""
-    import json
-
-    args = ["exp", "run", "--queue", "-n", item["name"]]
-    for key, value in {**item["set"], **extra}.items():
-        args += ["-S", f"{key}={json.dumps(value)}"]
-    return args + list(item.get("targets", ()))
+def queue_args(item: Experiment, extra: dict[str, Any]) -> list[str]:
+    """``dvc exp run --queue`` arguments of one planned experiment (:func:`experiments.dvc.set_words`)."""
+    return ["exp", "run", "--queue", "-n", item.name, *set_words({**item.sets, **extra}), *item.targets]
 
 
 QUEUE_STALL_SECONDS = 60.0
@@ -161,20 +158,20 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     return mine
 
 
-def run_wave_in_queue(repo: Path, jobs: int, wave: list[dict[str, Any]], extra: dict[str, Any],
+def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict[str, Any],
                       retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
     ``jobs`` workers (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
     process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
     queued, at most ``retries`` times; returns each experiment's final status."""
-    items = {item["name"]: item for item in wave}
+    items = {item.name: item for item in wave}
     todo = list(wave)
     attempts = 0
     while True:
         wait_for_workers_to_leave(repo)
         for item in todo:
             dvc(queue_args(item, extra), repo)
-            print(f"queued {item['name']}", flush=True)
+            print(f"queued {item.name}", flush=True)
         try:
             return run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
         except QueueStalled as stalled:
@@ -190,7 +187,47 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[dict[str, Any]], extra: 
                   file=sys.stderr, flush=True)
 
 
-def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any], repo: Path | None = None) -> str:
+def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: list[StageFiles], jobs: int = 1,
+             via: str = "dvc-queue", deployment: str = "curriculum/curriculum") -> dict[str, Any]:
+    """Run a study's unfinished experiments: the stages no experiment changes once in the workspace
+    (:func:`experiments.plan.seed_free_stages`), then the plan wave by wave (:func:`experiments.plan.waves`) through
+    DVC's queue with ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a
+    last-stage result is kept, not run again. Returns what ran on what: wall seconds, the GPUs (kind, count) and how
+    busy they were."""
+    from experiments.machine import BusySampler, describe_gpus
+    from experiments.records import experiment_records, last_stage_result
+
+    began = time.monotonic()
+    with BusySampler() as busy:
+        done = {rec["name"] for rec in experiment_records(experiments_shown(repo))
+                if last_stage_result(rec, stages) is not None}
+        common = seed_free_stages(stages, sorted({k for item in plan for k in item.sets} | set(extra)))
+        if common and len(done & {item.name for item in plan}) < len(plan):
+            print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
+                  f"{', '.join(common)}", flush=True)
+            dvc(["repro", *common], repo)
+        for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
+            wave_began = time.monotonic()
+            print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
+            if via == "prefect":
+                states = run_flow_runs(deployment, wave, extra, repo=repo)
+            else:
+                states = run_wave_in_queue(repo, jobs, wave, extra)
+            failed = [name for name, state in states.items() if state == "Failed"]
+            if failed:
+                where = "the flow runs' logs in Prefect show why" if via == "prefect" else "`dvc queue logs NAME` shows why"
+                print(f"failed: {', '.join(failed)} ({where})", file=sys.stderr, flush=True)
+            print(f"{time.strftime('%H:%M:%S')} wave {number} done in {time.monotonic() - wave_began:.0f} s", flush=True)
+            scaffolding = [item.name for item in wave if item.targets]
+            if scaffolding:  # their stages are in the run-cache now; the experiments themselves are no result
+                try:
+                    dvc(["exp", "remove", *scaffolding], repo)
+                except DvcError as e:
+                    print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
+    return {"wall_s": round(time.monotonic() - began, 1), "gpus": describe_gpus(), "gpu_busy": busy.summary()}
+
+
+def submit_flow_run(deployment: str, item: Experiment, extra: dict[str, Any], repo: Path | None = None) -> str:
     """Schedule one planned experiment as a run of the Prefect ``deployment`` (the ``curriculum`` flow with
     ``overrides`` and ``name``: it becomes ``dvc exp run --temp -n NAME -S ...`` on whichever worker takes it); returns
     the flow run's id."""
@@ -198,13 +235,13 @@ def submit_flow_run(deployment: str, item: dict[str, Any], extra: dict[str, Any]
     from prefect.exceptions import ObjectNotFound
 
     try:
-        parameters = {"overrides": {**item["set"], **extra}, "name": item["name"]}
-        if item.get("targets"):
-            parameters["targets"] = list(item["targets"])
+        parameters = {"overrides": {**item.sets, **extra}, "name": item.name}
+        if item.targets:
+            parameters["targets"] = list(item.targets)
         if repo is not None:
             parameters["repo"] = str(repo.resolve())
         flow_run = run_deployment(deployment, parameters=parameters,
-                                  flow_run_name=item["name"], timeout=0, as_subflow=False)
+                                  flow_run_name=item.name, timeout=0, as_subflow=False)
     except ObjectNotFound:
         raise ValueError(f"--deployment {deployment}: no such deployment on the Prefect server at PREFECT_API_URL; "
                          "create it with `prefect deploy --all` (prefect.yaml) or name another") from None
@@ -244,7 +281,7 @@ RESUBMITTED_STATES = ("CRASHED",)
 such a run is submitted once more."""
 
 
-def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, Any], poll_seconds: float = 5.0,
+def run_flow_runs(deployment: str, wave: list[Experiment], extra: dict[str, Any], poll_seconds: float = 5.0,
                   submit: Any = None, states: Any = None, repo: Path | None = None, messages: Any = None,
                   resubmit: int = 1) -> dict[str, str]:
     """Submit one wave as flow runs of ``deployment`` and wait until each is final, printing progress; a run that
@@ -253,7 +290,7 @@ def run_flow_runs(deployment: str, wave: list[dict[str, Any]], extra: dict[str, 
     submit = submit or submit_flow_run
     states = states or flow_run_states
     messages = messages or flow_run_messages
-    items = {item["name"]: item for item in wave}
+    items = {item.name: item for item in wave}
     ids = {name: submit(deployment, item, extra, repo) for name, item in items.items()}
     for name in ids:
         print(f"submitted {name} to {deployment}", flush=True)

@@ -32,7 +32,7 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 
-from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, experiments_shown, pipeline_stages  # noqa: E402
+from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, experiments_shown, pipeline_stages, set_words  # noqa: E402
 
 
 def only_transient(task, task_run, state) -> bool:
@@ -113,7 +113,7 @@ def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides
     root = Path(repo).resolve()
     if overrides:
         load_params(root / "params.yaml", overrides)  # a bad override stops here, naming the field and the fix
-        sets = [arg for key, value in overrides.items() for arg in ("-S", f"{key}={json.dumps(value)}")]
+        sets = set_words(overrides)
         output = experiment((["-n", name] if name else []) + sets + list(targets or []), str(root))
         return {"experiment": output[-2000:]}
     plan = pipeline_stages(root)

@@ -2,12 +2,14 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from experiments.compare import experiment_plan, render, shared_stages, waves
+from experiments.compare import render
+from experiments.plan import comparison_plan, shared_stages, waves
 from experiments.records import (aggregate, config_summary, experiment_records, last_stage_result, missing, stage_config,
                                  workspace_records)
 from experiments.runner import queue_args
@@ -24,13 +26,13 @@ CURRICULUM = [{"stage": 0, "prev": "init", "next": 1}, {"stage": 1, "prev": 0, "
 
 
 def test_comparison_aggregate_with_confidence_intervals():
-    plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
-    assert len(plan) == 6 and plan[0]["set"]["engineer.engineer"] == "heuristic" and plan[0]["set"]["train.seed"] == 0
+    plan = comparison_plan(["heuristic", "fixed"], [0, 1, 2])
+    assert len(plan) == 6 and plan[0].sets["engineer.engineer"] == "heuristic" and plan[0].sets["train.seed"] == 0
     assert queue_args(plan[0], {"train.trajectories": 64})[:5] == ["exp", "run", "--queue", "-n", "cmp-heuristic-s0"]
-    assert "train.trajectories=64" in queue_args(plan[0], {"train.trajectories": 64})
+    assert "++train.trajectories=64" in queue_args(plan[0], {"train.trajectories": 64})
     show = [{"rev": "workspace", "experiments": None},
-            {"rev": "abc", "experiments": [{"revs": [{"name": p["name"], "data": {
-                "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}}},
+            {"rev": "abc", "experiments": [{"revs": [{"name": p.name, "data": {
+                "params": {"params.yaml": {"data": {"train": {"seed": p.seed}, "curriculum": CURRICULUM}}},
                 "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.0}}},
                             "data/stages/1/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1 * (i + 1)},
                                                                               "bench_size": {"3_agents/3x3": 0.5}}}}}}]}
@@ -62,24 +64,24 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert last_stage_result(cut[0], STAGES) is None
     assert missing(cut, plan, STAGES) == ["cmp-heuristic-s0"] and aggregate(cut, plan, STAGES)["heuristic"]["seeds"] == [1, 2]
     first, rest = waves(plan)  # the first experiment of every seed first: the rest restore its shared stages
-    assert [p["seed"] for p in first] == [0, 1, 2] and len(rest) == 3 and {p["name"] for p in first + rest} == {p["name"] for p in plan}
+    assert [p.seed for p in first] == [0, 1, 2] and len(rest) == 3 and {p.name for p in first + rest} == {p.name for p in plan}
     left = waves(plan, {"cmp-heuristic-s0", "cmp-heuristic-s1", "cmp-heuristic-s2", "cmp-fixed-s1"})
-    assert [[p["name"] for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
+    assert [[p.name for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
     shared = shared_stages(STAGES + [stage("engineer-config@0", "x"), stage("benchmark", "y")])
     assert shared == ["rollout@0", "evaluate@0"]  # the first item's stages but its engineer's
     prefix, every = waves(plan, {"cmp-fixed-s1"}, shared)  # a short experiment per seed, then every one at once
-    assert [p["name"] for p in prefix] == ["cmp-shared-s0", "cmp-shared-s1", "cmp-shared-s2"]
-    assert prefix[0]["set"] == plan[0]["set"] and queue_args(prefix[0], {})[-2:] == ["rollout@0", "evaluate@0"]
-    assert [p["name"] for p in every] == [p["name"] for p in plan if p["name"] != "cmp-fixed-s1"]
-    assert waves(plan, {p["name"] for p in plan}, shared) == []
-    ctx = experiment_plan([], [0], ["failures", "bookkeeping"])
-    assert [p["arm"] for p in ctx] == ["policy/failures", "policy/bookkeeping"]
+    assert [p.name for p in prefix] == ["shared-cmp-heuristic-s0", "shared-cmp-heuristic-s1", "shared-cmp-heuristic-s2"]
+    assert prefix[0].sets == plan[0].sets and queue_args(prefix[0], {})[-2:] == ["rollout@0", "evaluate@0"]
+    assert [p.name for p in every] == [p.name for p in plan if p.name != "cmp-fixed-s1"]
+    assert waves(plan, {p.name for p in plan}, shared) == []
+    ctx = comparison_plan([], [0], ["failures", "bookkeeping"])
+    assert [p.arm for p in ctx] == ["policy/failures", "policy/bookkeeping"]
 
 
 def test_the_stages_no_experiment_changes_are_found_from_their_parameters_and_what_they_depend_on():
     """Run once in the workspace before anything is queued: the stages outside the curriculum loops that read none of
     the experiments' parameters (seeds, engineer) and depend on none that does."""
-    from experiments.compare import seed_free_stages
+    from experiments.plan import seed_free_stages
 
     def s(name, keys, upstream=()):
         return StageFiles(name=name, deps=(), params_files=("params.yaml",), outs=(), metrics=(), plots=(),
@@ -90,7 +92,7 @@ def test_the_stages_no_experiment_changes_are_found_from_their_parameters_and_wh
               s("validation-set", ["validation"]), s("benchmark", ["benchmark"], ["validation-set"]),
               s("init-curriculum", ["env", "train.seed"], ["starting-policy"]), s("train@0", ["train"], ["init-curriculum"]),
               s("after-init", [], ["init-curriculum"])]
-    keys = experiment_plan(["fixed"], [0])[0]["set"]
+    keys = comparison_plan(["fixed"], [0])[0].sets
     assert seed_free_stages(stages, list(keys)) == ["start-instances", "starting-policy", "validation-set", "benchmark"]
     assert seed_free_stages(stages, ["validation.seed"]) == ["start-instances", "starting-policy", "init-curriculum",
                                                              "after-init"]
@@ -103,16 +105,16 @@ def test_the_comparison_follows_every_engineer_across_stages_and_shows_the_envir
     generate = [StageFiles(name=f"generate-instances@{k}", deps=(), params_files=(f"data/stages/{k}/config.yaml",),
                            outs=(), metrics=(), plots=()) for k in (0, 1)]
     stages = STAGES + generate
-    plan = experiment_plan(["heuristic", "fixed"], [0, 1])
+    plan = comparison_plan(["heuristic", "fixed"], [0, 1])
 
     def config(small_share: float, holes: float) -> dict:
         return {"num_agents": 2, "sizes": {3: {"data_ratio": small_share, "hole_ratio": holes, "wait_ratio": 0.5},
                                            9: {"data_ratio": 1 - small_share, "hole_ratio": holes, "wait_ratio": 0.5}}}
 
     def rev(p, i):
-        heuristic = p["arm"] == "heuristic"
-        return {"name": p["name"], "data": {
-            "params": {"params.yaml": {"data": {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}},
+        heuristic = p.arm == "heuristic"
+        return {"name": p.name, "data": {
+            "params": {"params.yaml": {"data": {"train": {"seed": p.seed}, "curriculum": CURRICULUM}},
                        "data/stages/0/config.yaml": {"data": config(0.5, 0.2)},
                        "data/stages/1/config.yaml": {"data": config(0.75 if heuristic else 0.5, 0.1 if heuristic else 0.2)}},
             "metrics": {"data/stages/0/benchmark_metrics.json": {"data": {"bench": {"acc/3_agents": 0.1}}},
@@ -162,10 +164,10 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert main(args + ["--run", "--jobs", "2"]) == 0
     printed = capsys.readouterr().out
     assert "queued cmp-fixed-s1" in printed and "queue:" in printed
-    assert printed.index("queued cmp-shared-s1") < printed.index("queued cmp-fixed-s1")  # each seed's shared stages first
+    assert printed.index("queued shared-cmp-fixed-s1") < printed.index("queued cmp-fixed-s1")  # each seed's shared stages first
     listed = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=tmp_path, capture_output=True, text=True,
                             env=dvc_env(), check=True).stdout
-    assert "cmp-fixed-s1" in listed and "cmp-shared" not in listed  # the scaffolding experiments are removed
+    assert "cmp-fixed-s1" in listed and "shared-" not in listed  # the scaffolding experiments are removed
     written = json.loads(out_json.read_text())
     table = written["arms"]
     assert written["run"]["seeds"] == [1, 2] and written["run"]["wall_s"] > 0 and len(written["run"]["commit"]) == 40
@@ -188,12 +190,12 @@ def test_a_wave_goes_to_prefect_as_named_flow_runs_and_is_awaited(capsys):
     run is submitted once more, a failed one is not, and why each failed is printed."""
     from experiments.runner import run_flow_runs
 
-    plan = experiment_plan(["fixed", "plr", "alp"], [0])
+    plan = comparison_plan(["fixed", "plr", "alp"], [0])
     submitted = []
 
     def submit(deployment, item, extra, repo):
-        submitted.append((deployment, item["name"], {**item["set"], **extra}))
-        return f"id{len(submitted)}-{item['name']}"
+        submitted.append((deployment, item.name, {**item.sets, **extra}))
+        return f"id{len(submitted)}-{item.name}"
 
     polls = iter([{"cmp-fixed-s0": "RUNNING", "cmp-plr-s0": "SCHEDULED", "cmp-alp-s0": "RUNNING"},
                   {"cmp-fixed-s0": "COMPLETED", "cmp-plr-s0": "RUNNING", "cmp-alp-s0": "RUNNING"},
@@ -273,7 +275,7 @@ def test_the_flow_names_its_experiment(monkeypatch):
     calls = []
     monkeypatch.setattr(cur, "experiment", lambda sets, repo: calls.append(sets) or "ok")
     out = cur.curriculum.fn(repo=str(ROOT), overrides={"train.seed": 2}, name="cmp-fixed-s2")
-    assert out == {"experiment": "ok"} and calls == [["-n", "cmp-fixed-s2", "-S", "train.seed=2"]]
+    assert out == {"experiment": "ok"} and calls == [["-n", "cmp-fixed-s2", "-S", "++train.seed=2"]]
 
 
 def standin_repo(path, sleep_s: float = 0):
@@ -306,29 +308,29 @@ def standin_repo(path, sleep_s: float = 0):
 def test_workspaces_give_the_records_dvc_exp_show_gives(tmp_path):
     """A run stopped before DVC saved its experiments is read from their workspaces: the same records, the same table;
     a metric only one seed reached shows as one seed, not as an interval of zero width."""
-    plan = experiment_plan(["heuristic", "fixed"], [0, 1, 2])
+    plan = comparison_plan(["heuristic", "fixed"], [0, 1, 2])
     stages = STAGES + [StageFiles(name="generate-instances@1", deps=(), params_files=("data/stages/1/config.yaml",),
                                   outs=(), metrics=(), plots=())]
     show = [{"rev": "abc", "experiments": []}]
     for i, p in enumerate(plan):
-        ws = tmp_path / p["name"]
+        ws = tmp_path / p.name
         (ws / "data/stages/0").mkdir(parents=True)
         (ws / "data/stages/1").mkdir(parents=True)
-        params = {"train": {"seed": p["seed"]}, "curriculum": CURRICULUM}
+        params = {"train": {"seed": p.seed}, "curriculum": CURRICULUM}
         (ws / "params.yaml").write_text(yaml.safe_dump(params))
         metrics = {"data/stages/0/benchmark_metrics.json": {"bench": {"acc/3_agents": 0.0}},
                    "data/stages/1/benchmark_metrics.json": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}
-        if p["seed"] == 0:  # only seed 0 scored its last validation set
+        if p.seed == 0:  # only seed 0 scored its last validation set
             metrics["data/stages/1/validation_metrics.json"] = {"validation": {"valid": 0.5, "optimal": 0.25}}
         for path, data in metrics.items():
             (ws / path).write_text(json.dumps(data))
         (ws / "data/stages/1/config.yaml").write_text(yaml.safe_dump({"sizes": {3: {"data_ratio": 1.0}}}))
-        show[0]["experiments"].append({"revs": [{"name": p["name"], "data": {
+        show[0]["experiments"].append({"revs": [{"name": p.name, "data": {
             "params": {"params.yaml": {"data": params}, "data/stages/1/config.yaml": {"data": {"sizes": {3: {"data_ratio": 1.0}}}}},
             "metrics": {path: {"data": data} for path, data in metrics.items()}}}]})
     (tmp_path / "notes").mkdir()  # a folder without params.yaml is no experiment
     records = workspace_records(tmp_path, stages)
-    assert [r["name"] for r in records] == sorted(p["name"] for p in plan)
+    assert [r["name"] for r in records] == sorted(p.name for p in plan)
     by_name = {r["name"]: r for r in experiment_records(show)}
     def same(r: dict) -> dict:  # less where each was read from
         return {k: v for k, v in r.items() if k not in ("folder", "rev")}
@@ -351,10 +353,10 @@ def test_every_benchmark_answer_is_kept_with_its_engineer_seed_stage_and_wait_ra
 
     evaluate = [StageFiles(name=f"evaluate@{k}", deps=("data/benchmark/instances.parquet",), params_files=(),
                            outs=(f"data/stages/{k}/benchmark.parquet",), metrics=(), plots=()) for k in (0, 1)]
-    plan = experiment_plan(["fixed", "plr"], [0])
+    plan = comparison_plan(["fixed", "plr"], [0])
     records = []
     for i, item in enumerate(plan):
-        ws = tmp_path / item["name"]
+        ws = tmp_path / item.name
         for k in (0, 1):
             (ws / f"data/stages/{k}").mkdir(parents=True)
             pq.write_table(pa.table({"content_hash": ["a", "b"], "num_agents": [2, 3], "size": [3, 4],
@@ -363,7 +365,7 @@ def test_every_benchmark_answer_is_kept_with_its_engineer_seed_stage_and_wait_ra
         (ws / "data/benchmark").mkdir()
         pq.write_table(pa.table({"content_hash": ["a", "b"], "wait_subset": [0.25, 0.75]}),
                        ws / "data/benchmark/instances.parquet")
-        records.append({"name": item["name"], "params": {"curriculum": CURRICULUM}, "folder": str(ws)})
+        records.append({"name": item.name, "params": {"curriculum": CURRICULUM}, "folder": str(ws)})
     table = outcomes(tmp_path, records + [{"name": "someone-else", "params": {}}], plan, evaluate)
     assert table.num_rows == 8 and table.column_names == ["engineer", "seed", "stage", "content_hash", "num_agents",
                                                           "size", "valid", "optimal", "wait_ratio"]
@@ -439,8 +441,8 @@ def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
     monkeypatch.setattr(compare, "queue_workers", lambda repo: [])
     monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: False)
     monkeypatch.setattr(compare.time, "sleep", lambda s: None)
-    wave = experiment_plan(["fixed"], [0, 1])
-    wave[0]["name"], wave[1]["name"] = "e1", "e2"
+    wave = comparison_plan(["fixed"], [0, 1])
+    wave = [replace(wave[0], name="e1"), replace(wave[1], name="e2")]
     assert compare.run_wave_in_queue(Path("."), 2, wave, {}, stall_seconds=-1) == {"e1": "Success", "e2": "Success"}
     queued = [c for c in calls if c[:3] == ["exp", "run", "--queue"]]
     assert len(queued) == 3 and ["queue", "kill", "e1"] in calls  # e1, e2, then e1 again

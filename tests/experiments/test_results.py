@@ -1,4 +1,4 @@
-from experiments.compare import experiment_plan
+from experiments.plan import comparison_plan
 from experiments.dvc import StageFiles
 from experiments.results import decision, render_experiments, render_run
 
@@ -31,8 +31,8 @@ def test_a_run_fits_100_columns_with_its_numbers_per_stage_and_each_decision_sai
 
 def test_experiments_are_one_row_each_with_their_last_stage():
     stage = StageFiles(name="evaluate@0", deps=(), params_files=(), outs=(), metrics=("m0.json",), plots=())
-    plan = experiment_plan(["fixed", "learnability"], [0])
-    records = [{"name": p["name"], "params": {"engineer": {"engineer": p["arm"]}, "train": {"seed": 0},
+    plan = comparison_plan(["fixed", "learnability"], [0])
+    records = [{"name": p.name, "params": {"engineer": {"engineer": p.arm}, "train": {"seed": 0},
                                               "curriculum": [{"stage": 0, "prev": "init", "next": 1}]},
                 "metrics": {"m0.json": {"bench": {"acc/3_agents": 0.1 * (i + 1)}}}} for i, p in enumerate(plan)]
     text = render_experiments(records, [stage])

@@ -10,7 +10,6 @@ import yaml
 from envgen.core.config import EnvConfig
 from envgen.formats.dataset import generate_verified, write_instances
 from env_engineer.cli import main
-from experiments.sensitivity import combine_heldout
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,
                                              union_outcomes, write_outcomes)
 from tests.helpers import tiny_params, write_params
@@ -201,144 +200,124 @@ def heldout_files(tmp_path: Path) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
-def test_heldout_files_are_combined_reindexed_and_deduplicated(tmp_path):
-    a, b = heldout_files(tmp_path)
-    origin = combine_heldout([a, a, b], tmp_path / "all.parquet")  # a twice: its rows are taken once
-    table = pq.read_table(tmp_path / "all.parquet")
-    assert table.num_rows == 10 and table.column("index").to_pylist() == list(range(10))
-    assert sorted(set(origin.values())) == ["a", "b"] and len(origin) == 10
-    assert table.schema.metadata == pq.read_table(a).schema.metadata
+def config_file(path: Path, share3: float, budget: int = 4) -> Path:
+    sizes = {3: {**SIZES[3], "data_ratio": share3}, 4: {**SIZES[4], "data_ratio": round(1 - share3, 4)}}
+    path.write_text(yaml.safe_dump({"num_agents": 2, "budget": budget, "seed": 0, "sizes": sizes}))
+    return path
 
 
-def test_sensitivity_command_runs_the_steps_and_resumes(tiny_model_dir, tmp_path, capsys):
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+def test_a_sequence_is_planned_as_the_pipeline_with_its_first_configuration_and_the_rest_replayed(tmp_path):
+    """`dvc exp run -S` with a plan's words gives the params file that the settings checker builds from the same
+    overrides: the first configuration as the whole env section (seed the run's), the rest as the oracle's replay,
+    one curriculum stage per configuration; sequences that begin alike share a group, so their first stage runs once."""
+    from dvc.utils.hydra import apply_overrides
 
-    start = tmp_path / "start"
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                           LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", task_type="CAUSAL_LM"))
-    model.save_pretrained(start)
-    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": 0, "sizes": SIZES}))
-    a, b = heldout_files(tmp_path)
-    args = ["sensitivity", "--params", str(params), "--start", str(start), "--configs", str(config), "--heldout", str(a),
-            "--heldout", str(b), "--seeds", "0", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "s.json"),
-            "--set", "train.trajectories=4", "--set", "rollout.max_new_tokens=4", "--set", "train.max_completion_length=8"]
-    assert main(args) == 0
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert set(summary["runs"]) == {"start", "tiny/s0"} and summary["instances"] == 10
+    from experiments.dvc import set_words
+    from experiments.plan import sensitivity_plan
+    from experiments.sensitivity import read_sequences
+    from pipeline.params import load_params
+    from tests.helpers import ROOT
+
+    a, b = config_file(tmp_path / "a.yaml", 0.5), config_file(tmp_path / "b.yaml", 0.8)
+    sequences = read_sequences([str(tmp_path / "a.yaml"), f"{a}+{b}+{b}"])
+    assert list(sequences) == ["a", "a+b+b"] and [len(v) for v in sequences.values()] == [1, 3]
+    plan = sensitivity_plan(sequences, [0, 7])
+    assert [e.name for e in plan] == ["sens-a-s0", "sens-a-s7", "sens-a+b+b-s0", "sens-a+b+b-s7"]
+    assert plan[0].group == plan[2].group == ("a", 0) and plan[1].group != plan[0].group
+    params = tmp_path / "params.yaml"
+    params.write_text((ROOT / "presets" / "gpu-distill.yaml").read_text())  # its engineer section has no replay key
+    item = plan[3]
+    apply_overrides(str(params), [w for w in set_words(dict(item.sets)) if w != "-S"])
+    written = load_params(params)
+    assert written.model_dump() == load_params(ROOT / "presets" / "gpu-distill.yaml", dict(item.sets)).model_dump()
+    assert written.env == EnvConfig.load(a).model_copy(update={"seed": 7})
+    assert written.engineer.engineer == "oracle" and len(written.engineer.replay) == 2
+    assert written.engineer.replay[0][3].data_ratio == 0.8 and [c.stage for c in written.curriculum] == [0, 1, 2]
+    with pytest.raises(ValueError, match="budget"):
+        sensitivity_plan({"x": [EnvConfig.load(a), EnvConfig.load(config_file(tmp_path / "c.yaml", 0.5, budget=8))]}, [0])
+    with pytest.raises(ValueError, match="nope.yaml does not exist"):
+        read_sequences([f"{a}+{tmp_path / 'nope.yaml'}"])
+
+
+EVALUATE = """import json, sys, pathlib, yaml, pyarrow as pa, pyarrow.parquet as pq
+k = int(sys.argv[1])
+sizes = yaml.safe_load(open(f"data/stages/{k}/config.yaml"))["sizes"]
+share = float({int(n): v for n, v in sizes.items()}[3]["data_ratio"])
+hashes = pq.read_table("data/benchmark/instances.parquet").column("content_hash").to_pylist()
+valid = [i < round(10 * share) + k for i in range(len(hashes))]
+d = pathlib.Path(f"data/stages/{k}")
+pq.write_table(pa.table({"content_hash": hashes, "num_agents": [2] * 10, "size": [3] * 10, "valid": valid,
+                         "optimal": valid}), d / "benchmark.parquet")
+(d / "benchmark_metrics.json").write_text(json.dumps({"bench": {"acc/2_agents": sum(valid) / 10}}))
+"""
+
+STAGES_SCRIPT = """import sys, pathlib, yaml, pyarrow as pa, pyarrow.parquet as pq
+p = yaml.safe_load(open("params.yaml"))
+if sys.argv[1] == "benchmark":
+    pathlib.Path("data/benchmark").mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"content_hash": [f"h{i}" for i in range(10)], "wait_subset": [0.5] * 10}),
+                   "data/benchmark/instances.parquet")
+elif sys.argv[1] == "init":
+    pathlib.Path("data/stages/0").mkdir(parents=True, exist_ok=True)
+    pathlib.Path("data/stages/0/config.yaml").write_text(yaml.safe_dump(p["env"]))
+else:  # engineer-config K NEXT: the oracle's replay[K]
+    k, nxt = int(sys.argv[2]), sys.argv[3]
+    pathlib.Path(f"data/stages/{nxt}").mkdir(parents=True, exist_ok=True)
+    replay = p["engineer"]["replay"]
+    pathlib.Path(f"data/stages/{nxt}/config.yaml").write_text(yaml.safe_dump({"sizes": replay[min(k, len(replay) - 1)]}))
+"""
+
+
+def test_sensitivity_runs_its_sequences_as_dvc_experiments_and_summarises_their_last_stage(tmp_path, capsys):
+    """A stand-in pipeline with the real stage names (benchmark, init-curriculum, evaluate@K, engineer-config@K) whose
+    benchmark answers are valid in proportion to the 3x3 share of the stage's configuration (plus one per stage):
+    `env-engineer sensitivity --run` queues one DVC experiment per sequence, the stage a sequence begins with runs
+    once per seed, and the summary compares the last stages' answers."""
+    import subprocess
+
+    from tests.experiments.test_compare import dvc_env
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "ev.py").write_text(EVALUATE)
+    (repo / "st.py").write_text(STAGES_SCRIPT)
+    params = yaml.safe_load((Path(__file__).resolve().parents[2] / "presets" / "gpu-distill.yaml").read_text())
+    (repo / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
+        "benchmark": {"cmd": "python st.py benchmark", "outs": ["data/benchmark/instances.parquet"]},
+        "init-curriculum": {"cmd": "python st.py init", "params": ["env"],
+                            "outs": [{"data/stages/0/config.yaml": {"cache": False}}]},
+        "evaluate": {"foreach": "${curriculum}", "do": {
+            "cmd": "python ev.py ${item.stage}", "deps": ["data/benchmark/instances.parquet",
+                                                          "data/stages/${item.stage}/config.yaml"],
+            "outs": ["data/stages/${item.stage}/benchmark.parquet"],
+            "metrics": [{"data/stages/${item.stage}/benchmark_metrics.json": {"cache": False}}]}},
+        "engineer-config": {"foreach": "${curriculum}", "do": {
+            "cmd": "python st.py engineer ${item.stage} ${item.next}", "params": ["engineer"],
+            "deps": ["data/stages/${item.stage}/benchmark.parquet"],
+            "outs": [{"data/stages/${item.next}/config.yaml": {"cache": False}}]}},
+    }}, sort_keys=False))
+    env = dvc_env()
+    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
+                ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
+        subprocess.run(cmd, cwd=repo, check=True, env=env)
+    a, b = config_file(tmp_path / "a.yaml", 0.5), config_file(tmp_path / "b.yaml", 0.8)
+    out = tmp_path / "s.json"
+    args = ["sensitivity", "--repo", str(repo), "--configs", str(a), str(b), f"{a}+{b}", "--seeds", "0", "--out", str(out)]
+    assert main(args + ["--run", "--jobs", "2"]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "wave 1: 2 experiment(s)" in printed and "wave 2: 3 experiment(s)" in printed  # a group per first configuration
+    summary = json.loads(out.read_text())
+    valid = {name: run["all"]["valid"] for name, run in summary["runs"].items()}
+    assert valid == {"a/s0": 0.5, "b/s0": 0.8, "a+b/s0": 0.9}  # a+b: its second stage, on b, one better than b's first
+    assert summary["spread"]["best"] == "a+b" and summary["spread"]["worst"] == "a"
+    assert summary["vs_reference"]["a+b/s0"]["valid"]["diff"] == pytest.approx(0.4)
     assert summary["settings"]["seeds"] == [0] and summary["not_run"] == []
-    assert (tmp_path / "s.md").read_text().startswith("Held-out instances: 10.")
-    table, _ = read_outcomes(tmp_path / "s.outcomes.parquet")  # per-instance outcomes for an exact merge later
-    assert set(table) == {"start", "tiny/s0"} and len(table["tiny/s0"]) == 10
-    details = json.loads((tmp_path / "work" / "tiny" / "s0" / "train_details.json").read_text())
-    assert "train/phase_seconds" in details  # where each run's GRPO time went
-    trained = (tmp_path / "work" / "tiny" / "s0" / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns
+    table, origin = read_outcomes(outcomes_path(out))
+    assert set(table) == {"a/s0", "b/s0", "a+b/s0"} and set(origin.values()) == {"wait 0.5"}
+    log = subprocess.run(["dvc", "queue", "logs", "sens-a+b-s0"], cwd=repo, capture_output=True, text=True, env=env).stdout
+    assert "Running stage 'evaluate@1'" in log and "Running stage 'evaluate@0'" not in log, log[-2000:]
     capsys.readouterr()
-    # a second run with one more seed and no budget left: nothing is recomputed, the missing run is named
-    assert main(args[:args.index("--seeds")] + ["--seeds", "0,1", "--budget-s", "0"] + args[args.index("--work"):]) == 0
-    assert "1 run(s) not started (tiny/s1)" in capsys.readouterr().out
-    assert (tmp_path / "work" / "tiny" / "s0" / "adapter" / "adapter_model.safetensors").stat().st_mtime_ns == trained
-    assert json.loads((tmp_path / "s.json").read_text())["not_run"] == ["tiny/s1"]
-    assert main(args[:args.index("--seeds")] + ["--seeds", "0,x"] + args[args.index("--work"):]) == 2
-    assert "--seeds" in capsys.readouterr().err
-    # two at once: the missing seed runs beside the finished one, and the summary lists every run in plan order
-    assert main(args[:args.index("--seeds")] + ["--seeds", "0,1", "--jobs", "2"] + args[args.index("--work"):]) == 0
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert list(summary["runs"]) == ["start", "tiny/s0", "tiny/s1"]
-    assert summary["not_run"] == [] and summary["failed"] == [] and len(summary["noise"]) == 1
-    assert main(args + ["--jobs", "0"]) == 2
-    assert "--jobs 0" in capsys.readouterr().err
-
-
-def test_a_failed_run_is_tried_again_alone_and_a_lasting_failure_is_reported(tmp_path, monkeypatch, capsys):
-    """The steps stubbed (each command's output written at once): the train command of `b/s0` fails on its first
-    call, as a run does when the GPU it shares is full; the retry finishes it. With --retries 0 it stays a failure."""
-    import experiments.sensitivity as sensitivity
-
-    calls: dict[str, int] = {}
-    heldout_rows = 10
-
-    def fake_run_once(cmd, done, log):
-        if done.exists():
-            return
-        done.parent.mkdir(parents=True, exist_ok=True)
-        step = cmd[3]
-        key = f"{done.parent.parent.name}/{done.parent.name}/{step}"
-        calls[key] = calls.get(key, 0) + 1
-        if key == "b/s0/train" and calls[key] == 1:
-            raise RuntimeError(f"`{' '.join(cmd[2:5])} ...` failed (exit 1); its output: {log}")
-        if step == "rollout":
-            trajectories(done, [i % 2 == 0 for i in range(heldout_rows)])
-        elif step == "train":
-            done.mkdir()
-        else:
-            done.write_bytes(b"")
-
-    monkeypatch.setattr(sensitivity, "run_once", fake_run_once)
-    monkeypatch.setattr(sensitivity, "combine_heldout", lambda files, out: {f"h{i}": "heldout" for i in range(10)})
-    configs = []
-    for name in ("a", "b"):
-        configs.append(tmp_path / f"{name}.yaml")
-        configs[-1].write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": 0, "sizes": SIZES}))
-    (tmp_path / "start").mkdir()
-    heldout = trajectories(tmp_path / "h.parquet", [True])
-    params = write_params(tmp_path / "params.yaml", {})
-    base = ["sensitivity", "--params", str(params), "--start", str(tmp_path / "start"), "--configs", *map(str, configs),
-            "--heldout", str(heldout), "--seeds", "0", "--jobs", "2"]
-    assert main([*base, "--work", str(tmp_path / "w1"), "--out", str(tmp_path / "s1.json")]) == 0
-    out = capsys.readouterr()
-    assert "retry 1 of 1: b/s0" in out.out and "failed (exit 1)" in out.err
-    summary = json.loads((tmp_path / "s1.json").read_text())
-    assert list(summary["runs"]) == ["start", "a/s0", "b/s0"] and summary["failed"] == []
-    calls.clear()
-    assert main([*base, "--retries", "0", "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "s2.json")]) == 0
-    summary = json.loads((tmp_path / "s2.json").read_text())
-    assert list(summary["runs"]) == ["start", "a/s0"] and len(summary["failed"]) == 1
-    assert summary["failed"][0].startswith("b/s0: `env_engineer train")
-    assert main([*base, "--retries", "-1", "--work", str(tmp_path / "w3"), "--out", str(tmp_path / "s3.json")]) == 2
-    assert "--retries -1" in capsys.readouterr().err
-
-
-def test_a_sequence_of_stages_trains_each_from_the_last_and_shares_the_stages_it_begins_with(tmp_path, monkeypatch):
-    """`a.yaml+b.yaml` is two stages: b trains from a's adapter on b's configuration drawn with seed SEED + 1000; the
-    stage `a/s0` that the sequence and the single `a` begin with is trained once; only the runs given are scored."""
-    import experiments.sensitivity as sensitivity
-
-    calls: list[tuple[str, str, list[str]]] = []
-
-    def fake_run_once(cmd, done, log):
-        if done.exists():
-            return
-        done.parent.mkdir(parents=True, exist_ok=True)
-        calls.append((f"{done.parent.parent.name}/{done.parent.name}", cmd[3], cmd))
-        if cmd[3] == "rollout":
-            trajectories(done, [True] * 10)
-        elif cmd[3] == "train":
-            done.mkdir()
-        else:
-            done.write_bytes(b"")
-
-    monkeypatch.setattr(sensitivity, "run_once", fake_run_once)
-    monkeypatch.setattr(sensitivity, "combine_heldout", lambda files, out: {f"h{i}": "heldout" for i in range(10)})
-    for name in ("a", "b"):
-        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"num_agents": 2, "budget": 4, "seed": 0, "sizes": SIZES}))
-    (tmp_path / "start").mkdir()
-    params = write_params(tmp_path / "params.yaml", {})
-    sequence = f"{tmp_path / 'a.yaml'}+{tmp_path / 'b.yaml'}"
-    assert main(["sensitivity", "--params", str(params), "--start", str(tmp_path / "start"), "--configs", sequence,
-                 str(tmp_path / "a.yaml"), "--heldout", str(trajectories(tmp_path / "h.parquet", [True])), "--seeds",
-                 "2", "--jobs", "2", "--work", str(tmp_path / "w"), "--out", str(tmp_path / "s.json")]) == 0
-    trained = [(where, cmd) for where, step, cmd in calls if step == "train"]
-    assert sorted(where for where, _ in trained) == ["a+b/s2", "a/s2"]  # a/s2 once, for both runs
-    second = dict(trained)["a+b/s2"]
-    assert second[second.index("--init-adapter") + 1] == str(tmp_path / "w" / "a" / "s2" / "adapter")
-    assert dict(trained)["a/s2"][dict(trained)["a/s2"].index("--init-adapter") + 1] == str(tmp_path / "start")
-    assert yaml.safe_load((tmp_path / "w" / "a+b" / "s2" / "config.yaml").read_text())["seed"] == 1002
-    assert yaml.safe_load((tmp_path / "w" / "a" / "s2" / "config.yaml").read_text())["seed"] == 2
-    scored_where = sorted(where for where, step, _ in calls if step == "rollout")
-    assert scored_where == ["a+b/s2", "a/s2", "w/start"]
-    summary = json.loads((tmp_path / "s.json").read_text())
-    assert list(summary["runs"]) == ["start", "a+b/s2", "a/s2"] and summary["vs_reference"]["a/s2"]
-    assert summary["settings"]["configs"][0] == sequence
+    assert main(args) == 0  # only collects: the same summary
+    assert json.loads(out.read_text())["runs"].keys() == summary["runs"].keys()
+    assert main(args[:-2] + ["--seeds", "x", "--out", str(out)]) == 2 and "--seeds" in capsys.readouterr().err

@@ -149,7 +149,7 @@ def test_a_comparison_runs_as_flow_runs_on_two_pinned_workers(tmp_path):
         out, why = proc.stdout, proc.stdout + proc.stderr + (logs / "workers.log").read_text()[-6000:]
         assert "submitted cmp-fixed-s1 to curriculum/curriculum" in out and "flow runs: 4 completed" in out, why
         # first each seed's shared stages alone (a flow run with DVC targets), then the four experiments at once
-        first_wave = out[out.index("submitted cmp-shared-s1"):out.index("submitted cmp-fixed-s1")]
+        first_wave = out[out.index("submitted shared-cmp-fixed-s1"):out.index("submitted cmp-fixed-s1")]
         assert "flow runs: 2 completed\n" in first_wave, why
         table = json.loads((tmp_path / "c.json").read_text())["arms"]
         assert table["fixed"]["seeds"] == [1, 2] and table["heuristic"]["seeds"] == [1, 2]
