@@ -44,7 +44,7 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                                summarize_failures, *step),
         "engineer-config": (f"Let an engineer ({', '.join(ENGINEER_LINES)}) write the next configuration.",
                             engineer_config, *step),
-        "validate": ("Check a Parquet dataset against its great-expectations suite (exit 1 on failure).", checks, *step),
+        "check-data": ("Check a Parquet dataset against its great-expectations suite (exit 1 on failure).", checks, *step),
         # experiments
         "compare": ("Compare engineers (or context variants) over seeds as DVC experiments: means with 95%% intervals.",
                     compare, *step),
@@ -100,7 +100,15 @@ PIPELINE_MODULES = frozenset({"torch", "transformers", "peft", "trl", "accelerat
 """What the ``pipeline`` extra installs: a command that needs one of them, in an install of the testbed alone, says so."""
 
 
+RENAMED = {"validate": "check-data"}
+"""Commands renamed, old name -> new (``validate`` is the pipeline's stage that answers the validation set)."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    words = sys.argv[1:] if argv is None else argv
+    if words and words[0] in RENAMED:
+        print(f"error: `env-engineer {words[0]}` is now `env-engineer {RENAMED[words[0]]}` (same arguments)", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)

@@ -91,7 +91,7 @@ def datasets_page() -> str:
     from envgen.formats.schemas import DATASETS
 
     lines = [HEADER + "# The datasets", "",
-             "Every Parquet file the pipeline writes, declared once in `envgen/formats/schemas.py`; `env-engineer validate "
+             "Every Parquet file the pipeline writes, declared once in `envgen/formats/schemas.py`; `env-engineer check-data "
              "--kind NAME FILE` checks one with its great-expectations suite, as every stage does.", ""]
     for name, data in DATASETS.items():
         lines += [f"## `{name}`", "", data.description, "", "| column | type | required | range or values | "

@@ -24,7 +24,7 @@ each claims a GPU of that pool, or shares them (``ENV_ENGINEER_GPU_SLOTS``).
 
 The aggregate is over each experiment's last curriculum stage: its benchmark Sums (``acc/<A>_agents``,
 ``opt/<A>_agents``) and its two-agent validation rates (``val/valid``, ``val/optimal``), found through the metrics files
-``dvc.yaml`` declares for ``evaluate@K`` and ``rollout@K``: mean and a 95% t-interval across seeds.
+``dvc.yaml`` declares for ``evaluate@K`` and ``validate@K``: mean and a 95% t-interval across seeds.
 """
 
 from __future__ import annotations

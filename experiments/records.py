@@ -142,7 +142,7 @@ def final_stage(params: dict[str, Any]) -> int | None:
 def last_stage_result(record: dict[str, Any], stages: list[StageFiles]) -> dict[str, float] | None:
     """The benchmark Sums of the experiment's last curriculum stage plus that stage's held-out two-agent validation
     rates (``val/valid``, ``val/optimal``), read from the metrics files ``dvc.yaml`` declares for ``evaluate@K`` and
-    ``rollout@K``; None when that stage has no benchmark metrics (not run, unfinished or failed)."""
+    ``validate@K``; None when that stage has no benchmark metrics (not run, unfinished or failed)."""
     final = final_stage(record["params"])
     return None if final is None else stage_result(record, stages, final)
 
@@ -162,8 +162,8 @@ def stage_result(record: dict[str, Any], stages: list[StageFiles], stage: int) -
     data = record["metrics"][evaluate.metrics[0]]
     out = dict(data.get("bench") or {})
     out.update({f"size/{key}": value for key, value in (data.get("bench_size") or {}).items()})
-    rollout = stage_named(stages, "rollout", str(stage))
-    validation = (record["metrics"].get(rollout.metrics[0]) or {}).get("validation") if rollout and rollout.metrics else None
+    validate = stage_named(stages, "validate", str(stage))
+    validation = (record["metrics"].get(validate.metrics[0]) or {}).get("validation") if validate and validate.metrics else None
     for key in ("valid", "optimal"):
         if validation and validation.get(key) is not None:
             out[f"val/{key}"] = validation[key]

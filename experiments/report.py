@@ -44,8 +44,8 @@ def run_files(stages: list[StageFiles]) -> list[dict[str, Any]]:
 
         out.append({"stage": int(item) if item.isdigit() else item, "config": pick("generate-instances", "params", ".yaml"),
                     "train": pick("train", "metrics"), "sft_history": pick("train", "plots", "sft_history.json"),
-                    "grpo_history": pick("train", "plots", "grpo_history.json"), "validation": pick("rollout", "metrics"),
-                    "trajectories": pick("rollout", "outs", ".parquet"), "bench": pick("evaluate", "outs", "_table.json"),
+                    "grpo_history": pick("train", "plots", "grpo_history.json"), "validation": pick("validate", "metrics"),
+                    "trajectories": pick("validate", "outs", ".parquet"), "bench": pick("evaluate", "outs", "_table.json"),
                     "tables": pick("evaluate", "outs", ".md"), "summary": pick("summarize-failures", "outs", ".json"),
                     "engineer": pick("engineer-config", "outs", ".json")})
     last = stage_named(stages, "engineer-config", items[-1]) if items else None

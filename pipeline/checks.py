@@ -3,7 +3,7 @@ rules (required columns, ranges, uniqueness, patterns, allowed values, rules bet
 rules of meaning (each computed per row as a column ``rule:<name>`` that must be true: hashes, parsing, plan replays,
 the solver on a sample, outcome consistency, rewards within the recorded reward configuration).
 
-``env-engineer validate --kind instances|benchmark|trajectories|completions FILE`` exits 1 with one line per failed
+``env-engineer check-data --kind instances|benchmark|trajectories|completions FILE`` exits 1 with one line per failed
 expectation (column, expectation, a few offending values), so a corrupted or inconsistent Parquet stops the pipeline
 in the stage that wrote it. great-expectations is imported only when a file is checked (about 6 s).
 """

@@ -6,6 +6,7 @@ imports another step; what they share lives in :mod:`envgen`, :mod:`policy`, :mo
 
 - ``validation-set`` (:mod:`steps.validation_set`), ``build-benchmark`` (:mod:`steps.build_benchmark`),
   ``init-curriculum`` (:mod:`steps.init_curriculum`): once per pipeline;
-- per curriculum stage: ``generate-instances`` -> ``train`` -> ``rollout`` (validation) and ``evaluate`` (benchmark) ->
-  ``summarize-failures`` -> ``engineer-config`` (the next stage's configuration).
+- per curriculum stage: ``generate-instances`` -> ``train`` -> ``rollout`` of the validation set (the ``validate@K``
+  stage) and ``evaluate`` of the benchmark (``evaluate@K``, after its own ``rollout``) -> ``summarize-failures`` ->
+  ``engineer-config`` (the next stage's configuration).
 """

@@ -10,7 +10,7 @@ check refuses a file where a budget is below its optimal answer (a fixed ``max_n
 Settings: params.yaml's ``policy`` (model, prompt, reward: the policy is evaluated exactly as it is trained) and
 ``rollout`` sections (:class:`pipeline.params.RolloutSettings`); the benchmark evaluation runs this step with
 ``--set rollout.max_new_tokens=${evaluate.max_new_tokens}``. Imports no Prefect, DVC, polars or great-expectations
-(``env-engineer validate --kind trajectories`` checks the output, as the pipeline does).
+(``env-engineer check-data --kind trajectories`` checks the output, as the pipeline does).
 """
 
 from __future__ import annotations

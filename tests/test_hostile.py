@@ -573,7 +573,7 @@ def test_the_solver_and_the_instance_checks_stay_within_their_budgets(tmp_path, 
     row = {"instance": crowd.to_str(), "content_hash": crowd.content_hash, "size": 60, "num_agents": crowd.num_agents}
     pq.write_table(pa.Table.from_pylist([row] * 4), tmp_path / "crowd.parquet")
     began = clock.perf_counter()
-    code, _, err = run(capsys, "validate", "--kind", "instances", tmp_path / "crowd.parquet")
+    code, _, err = run(capsys, "check-data", "--kind", "instances", tmp_path / "crowd.parquet")
     assert code != 0 and clock.perf_counter() - began < 60, err[-300:]
 
 

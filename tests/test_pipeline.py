@@ -17,7 +17,7 @@ from tests.conftest import BIN, ROOT, sh
 
 def test_dvc_repro_runs_the_curriculum(reproduced):
     repo, out = reproduced
-    for stage in ("start-instances", "starting-policy", "validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "rollout@0", "evaluate@0",
+    for stage in ("start-instances", "starting-policy", "validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "validate@0", "evaluate@0",
                   "summarize-failures@0", "engineer-config@0", "engineer-config@1"):
         assert f"Running stage '{stage}'" in out
     stages = repo / "data" / "stages"
@@ -127,7 +127,7 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
     text = proc.stdout + proc.stderr
     assert "expect_column_values_to_be_between" in text and "'column': 'reward'" in text
     assert "failed to reproduce 'train@0'" in text  # caught where it first appears: the GRPO completions
-    assert "Running stage 'rollout@0'" not in text
+    assert "Running stage 'validate@0'" not in text
 
 
 def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_stages(reproduced, tmp_path):

@@ -294,4 +294,4 @@ COMPLETIONS = Dataset("completions", "Every GRPO completion of a training stage 
                                 and (row.get("parse_error") is None) == bool(row.get("parsed"))), REWARD_IN_RANGE))
 
 DATASETS: dict[str, Dataset] = {d.name: d for d in (INSTANCES, BENCHMARK, TRAJECTORIES, COMPLETIONS)}
-"""Every dataset, by name (``env-engineer validate --kind NAME``)."""
+"""Every dataset, by name (``env-engineer check-data --kind NAME``)."""

@@ -36,3 +36,10 @@ def test_every_pipeline_step_also_runs_as_its_own_module():
         with pytest.raises(SystemExit) as stop:
             module.main(["--help"])
         assert stop.value.code == 0
+
+
+def test_a_renamed_command_names_its_new_name(capsys):
+    from env_engineer.cli import main
+
+    assert main(["validate", "--kind", "instances", "x.parquet"]) == 2
+    assert "`env-engineer validate` is now `env-engineer check-data`" in capsys.readouterr().err

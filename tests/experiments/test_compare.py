@@ -21,7 +21,7 @@ def stage(name: str, metrics: str) -> StageFiles:
 
 
 STAGES = [stage(f"{step}@{k}", f"data/stages/{k}/{file}") for k in (0, 1)
-          for step, file in (("rollout", "validation_metrics.json"), ("evaluate", "benchmark_metrics.json"))]
+          for step, file in (("validate", "validation_metrics.json"), ("evaluate", "benchmark_metrics.json"))]
 CURRICULUM = [{"stage": 0, "prev": "init", "next": 1}, {"stage": 1, "prev": 0, "next": 2}]
 
 
@@ -68,10 +68,10 @@ def test_comparison_aggregate_with_confidence_intervals():
     left = waves(plan, {"cmp-heuristic-s0", "cmp-heuristic-s1", "cmp-heuristic-s2", "cmp-fixed-s1"})
     assert [[p.name for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
     shared = shared_stages(STAGES + [stage("engineer-config@0", "x"), stage("benchmark", "y")])
-    assert shared == ["rollout@0", "evaluate@0"]  # the first item's stages but its engineer's
+    assert shared == ["validate@0", "evaluate@0"]  # the first item's stages but its engineer's
     prefix, every = waves(plan, {"cmp-fixed-s1"}, shared)  # a short experiment per seed, then every one at once
     assert [p.name for p in prefix] == ["shared-cmp-heuristic-s0", "shared-cmp-heuristic-s1", "shared-cmp-heuristic-s2"]
-    assert prefix[0].sets == plan[0].sets and queue_args(prefix[0], {})[-2:] == ["rollout@0", "evaluate@0"]
+    assert prefix[0].sets == plan[0].sets and queue_args(prefix[0], {})[-2:] == ["validate@0", "evaluate@0"]
     assert [p.name for p in every] == [p.name for p in plan if p.name != "cmp-fixed-s1"]
     assert waves(plan, {p.name for p in plan}, shared) == []
     ctx = comparison_plan([], [0], ["failures", "bookkeeping"])
@@ -153,7 +153,7 @@ SCRIPT = ("import json, pathlib, yaml; p = yaml.safe_load(open('params.yaml')); 
 
 
 def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_show(tmp_path, capsys):
-    """A stand-in pipeline with the real names (evaluate@K, rollout@K) queued as DVC experiments, run two at a time,
+    """A stand-in pipeline with the real names (evaluate@K, validate@K) queued as DVC experiments, run two at a time,
     and the table built from `dvc exp show`; a second call only collects, and bad overrides stop before queueing."""
     from env_engineer.cli import main
 
@@ -279,7 +279,7 @@ def test_the_flow_names_its_experiment(monkeypatch):
 
 
 def standin_repo(path, sleep_s: float = 0):
-    """A git + DVC repository whose pipeline has the real stage names (rollout@K, evaluate@K) but stand-in commands
+    """A git + DVC repository whose pipeline has the real stage names (validate@K, evaluate@K) but stand-in commands
     that write metrics from params.yaml's engineer and seed (heuristic: 0.5 more), each after ``sleep_s`` seconds."""
     from tests.helpers import ROOT
 
@@ -295,7 +295,7 @@ def standin_repo(path, sleep_s: float = 0):
                 "metrics": [{f"m/{name}${{item.stage}}.json": {"cache": False}}]}
 
     (path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {
-        "rollout": {"foreach": "${curriculum}", "do": stage_body("val", "{'validation': {'valid': v / 2}}")},
+        "validate": {"foreach": "${curriculum}", "do": stage_body("val", "{'validation': {'valid': v / 2}}")},
         "evaluate": {"foreach": "${curriculum}", "do": stage_body("bench", "{'bench': {'acc/3_agents': v}}")},
     }}, sort_keys=False))
     env = dvc_env()

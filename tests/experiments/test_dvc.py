@@ -22,7 +22,7 @@ def test_stages_come_from_dvc_yaml_in_an_order_that_runs_each_after_its_inputs(p
     stages = pipeline_stages(project)
     names = [s.name for s in stages]
     assert names[:5] == ["start-instances", "starting-policy", "validation-set", "benchmark", "init-curriculum"]
-    per_stage = ["generate-instances", "train", "evaluate", "rollout", "summarize-failures", "engineer-config"]
+    per_stage = ["generate-instances", "train", "evaluate", "validate", "summarize-failures", "engineer-config"]
     assert names[5:] == [f"{step}@{k}" for k in (0, 1) for step in per_stage]
     position = {name: i for i, name in enumerate(names)}
     for s in stages:  # every file a stage reads is written by a stage before it, if by any
