@@ -123,6 +123,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "pool's workers take (`env-engineer workers --gpus 0,1`: one per GPU), each a `dvc exp run --temp`")
     parser.add_argument("--deployment", default="curriculum/curriculum",
                         help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
+    parser.add_argument("--no-commit", dest="commit", action="store_false",
+                        help="with --run: leave what the shared stages (the start, the validation set, the benchmark) "
+                        "change in the workspace uncommitted; by default it is committed before anything is queued, so "
+                        "that the experiments start from it instead of each carrying a copy")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`)")
     parser.add_argument("--reference", default="fixed",
@@ -158,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        ran = run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment) if args.run else None
+        ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit)
+               if args.run else None)
         if args.workspaces:
             records = workspace_records(args.workspaces, stages)
         else:

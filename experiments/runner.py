@@ -11,6 +11,7 @@ cannot fail to answer.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import time
 from collections import defaultdict
@@ -187,13 +188,44 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
                   file=sys.stderr, flush=True)
 
 
+def commit_shared(repo: Path, stages: list[StageFiles]) -> list[str]:
+    """Commit what ``stages`` (the stages every experiment shares, run in the workspace) changed of the files git
+    keeps: their outputs that are in git (the starting policy's), ``dvc.lock``, and ``params.yaml`` that made them, so
+    that the study's experiments start from a commit that holds them. Otherwise every ``dvc exp run --queue`` stashes
+    them again (a starting adapter of tens of MB each time: docs/lab-notes/benchmarks.md, "Queueing an experiment").
+    Returns the paths committed (none when nothing changed); a repository where git cannot commit (no user name
+    set, say) is left as it is, with a warning."""
+    paths = sorted({p for s in stages for p in (*s.outs, *s.metrics, *s.plots)} | {"dvc.lock", "params.yaml"})
+    status = subprocess.run(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all", "--", *paths], cwd=repo,
+                            capture_output=True, text=True)
+    if status.returncode != 0:
+        print(f"warning: git status failed, the shared stages' files are left uncommitted: {status.stderr.strip()}",
+              file=sys.stderr, flush=True)
+        return []
+    changed = sorted(entry[3:] for entry in status.stdout.split("\0") if len(entry) > 3)
+    if not changed:
+        return []
+    message = ("the stages every experiment of the study shares: " + ", ".join(s.name for s in stages) +
+               " (committed by env-engineer before it queued the experiments)")
+    for cmd in (["git", "add", "--", *changed], ["git", "commit", "-q", "-m", message, "--", *changed]):
+        done = subprocess.run(cmd, cwd=repo, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"warning: `{' '.join(cmd[:2])}` failed, so every queued experiment carries the shared stages' files "
+                  f"itself (slower to queue): {(done.stderr or done.stdout).strip()[-300:]}", file=sys.stderr,
+                  flush=True)
+            return []
+    print(f"{time.strftime('%H:%M:%S')} committed what they changed ({len(changed)} file(s)), so that the experiments "
+          "start from it", flush=True)
+    return changed
+
+
 def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: list[StageFiles], jobs: int = 1,
-             via: str = "dvc-queue", deployment: str = "curriculum/curriculum") -> dict[str, Any]:
+             via: str = "dvc-queue", deployment: str = "curriculum/curriculum", commit: bool = True) -> dict[str, Any]:
     """Run a study's unfinished experiments: the stages no experiment changes once in the workspace
-    (:func:`experiments.plan.seed_free_stages`), then the plan wave by wave (:func:`experiments.plan.waves`) through
-    DVC's queue with ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a
-    last-stage result is kept, not run again. Returns what ran on what: wall seconds, the GPUs (kind, count) and how
-    busy they were."""
+    (:func:`experiments.plan.seed_free_stages`) and, with ``commit``, what they changed committed
+    (:func:`commit_shared`), then the plan wave by wave (:func:`experiments.plan.waves`) through DVC's queue with
+    ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a last-stage result
+    is kept, not run again. Returns what ran on what: wall seconds, the GPUs (kind, count) and how busy they were."""
     from experiments.machine import BusySampler, describe_gpus
     from experiments.records import experiment_records, last_stage_result
 
@@ -206,6 +238,8 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
             print(f"{time.strftime('%H:%M:%S')} in the workspace, the stages every experiment shares: "
                   f"{', '.join(common)}", flush=True)
             dvc(["repro", *common], repo)
+            if commit:
+                commit_shared(repo, [s for s in stages if s.name in common])
         for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
             wave_began = time.monotonic()
             print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)

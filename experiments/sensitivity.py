@@ -75,6 +75,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --run: DVC's own queue (default), or flow runs of a Prefect deployment")
     parser.add_argument("--deployment", default="curriculum/curriculum",
                         help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
+    parser.add_argument("--no-commit", dest="commit", action="store_false",
+                        help="with --run: leave what the shared stages (the start, the validation set, the benchmark) "
+                        "change in the workspace uncommitted; by default it is committed before anything is queued, so "
+                        "that the experiments start from it instead of each carrying a copy")
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`), e.g. train.sft_max_examples=2000")
     parser.add_argument("--agents", type=int, default=2,
@@ -134,7 +138,8 @@ def run(args: argparse.Namespace) -> int:
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(params_path, {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        ran = run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment) if args.run else None
+        ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit)
+               if args.run else None)
         records = experiment_records(experiments_shown(args.repo))
         absent = missing(records, plan, stages)
         answers = outcomes(args.repo, records, plan, stages)

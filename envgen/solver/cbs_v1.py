@@ -1,5 +1,7 @@
 """The solver of generator version 1 (``mapf-frozenlake-gen/1``), kept unchanged so that files written by that version
-regenerate byte for byte (:class:`envgen.generator.GeneratorOptions` ``version=1``).
+regenerate byte for byte (:class:`envgen.generator.GeneratorOptions` ``version=1``). Why it is kept: the shipped
+starting policy's demonstrations (``data/start/instances.parquet``, in git) were drawn by version 1 and ``dvc.lock``
+records that version, so without it the start stages would be out of date and ``dvc repro`` would retrain the start.
 
 Plain CBS as it was before :mod:`envgen.solver.cbs_search`: best-first over constraint-tree nodes ordered by (sum of costs,
 number of conflicts), split on the earliest conflict, a space-time A* low level whose conflict-avoidance table is

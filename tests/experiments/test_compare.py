@@ -487,3 +487,58 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     assert run_with(12, 0, True) == {"e1": "Success"}
     assert run_with(12, 1, False) == {"e1": "Success"}
     assert compare.queue_status(Path(".")) == ({"e1": "Success"}, 0)
+
+
+def _git_repo(path, *config):
+    path.mkdir()
+    for cmd in (["git", "init", "-q"], *(["git", "config", *pair] for pair in config)):
+        subprocess.run(cmd, cwd=path, check=True)
+    (path / ".gitignore").write_text("/data/cached.parquet\n")
+    (path / "data").mkdir()
+    for name, text in (("data/start.txt", "old start"), ("dvc.lock", "old lock"), ("notes.txt", "mine"),
+                       ("params.yaml", "a: 1\n")):
+        (path / name).write_text(text)
+    subprocess.run(["git", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", "commit", "-qm", "base"], cwd=path, check=True)
+    return path
+
+
+SHARED = [StageFiles(name="starting-policy", deps=(), params_files=(), outs=("data/start.txt", "data/new.txt"),
+                     metrics=(), plots=()),
+          StageFiles(name="benchmark", deps=(), params_files=(), outs=("data/cached.parquet",), metrics=(), plots=())]
+
+
+def test_what_the_shared_stages_changed_is_committed_and_nothing_else(tmp_path, capsys):
+    """Queued experiments start from a commit that holds the shared stages' files in git (else every `dvc exp run
+    --queue` stashes them again); the user's other changes and git-ignored outputs stay out of it."""
+    from experiments.runner import commit_shared
+
+    repo = _git_repo(tmp_path / "r", ("user.name", "t"), ("user.email", "t@example.org"))
+    assert commit_shared(repo, SHARED) == []  # nothing changed: no commit
+    for name, text in (("data/start.txt", "new start"), ("data/new.txt", "made"), ("dvc.lock", "new lock"),
+                       ("notes.txt", "still mine"), ("data/cached.parquet", "in DVC's cache")):
+        (repo / name).write_text(text)
+    assert commit_shared(repo, SHARED) == ["data/new.txt", "data/start.txt", "dvc.lock"]
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True, check=True).stdout  # noqa: E731
+    assert "starting-policy, benchmark" in git("log", "-1", "--format=%s")
+    assert git("show", "HEAD:data/start.txt") == "new start" and git("show", "HEAD:notes.txt") == "mine"
+    assert git("status", "--porcelain").split() == ["M", "notes.txt"]
+    assert "committed what they changed (3 file(s))" in capsys.readouterr().out
+
+
+def test_a_repository_where_git_cannot_commit_is_left_as_it_is_with_a_warning(tmp_path, capsys, monkeypatch):
+    from experiments.runner import commit_shared
+
+    repo = _git_repo(tmp_path / "r", ("user.name", "t"), ("user.email", "t@example.org"))
+    for key in ("user.name", "user.email"):
+        subprocess.run(["git", "config", "--unset", key], cwd=repo, check=True)
+    subprocess.run(["git", "config", "user.useConfigOnly", "true"], cwd=repo, check=True)  # git may not guess one
+    for key, value in (("GIT_CONFIG_GLOBAL", os.devnull), ("GIT_CONFIG_NOSYSTEM", "1")):
+        monkeypatch.setenv(key, value)
+    for key in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME", "GIT_COMMITTER_EMAIL", "EMAIL"):
+        monkeypatch.delenv(key, raising=False)
+    (repo / "dvc.lock").write_text("new lock")
+    assert commit_shared(repo, SHARED) == []
+    assert "slower to queue" in capsys.readouterr().err
+    status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    assert "dvc.lock" in status  # neither committed nor lost

@@ -12,7 +12,6 @@ from envgen.formats.dataset import generate_verified, write_instances
 from env_engineer.cli import main
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, scored, summarise,
                                              union_outcomes, write_outcomes)
-from tests.helpers import tiny_params, write_params
 
 SIZES = {3: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1},
          4: {"data_ratio": 0.5, "hole_ratio": 0.2, "wait_ratio": 0.5, "min_path_length": 1}}
@@ -298,8 +297,8 @@ def test_sensitivity_runs_its_sequences_as_dvc_experiments_and_summarises_their_
             "outs": [{"data/stages/${item.next}/config.yaml": {"cache": False}}]}},
     }}, sort_keys=False))
     env = dvc_env()
-    for cmd in (["git", "init", "-q"], ["dvc", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.email=t@example.org", "-c", "user.name=t", "commit", "-qm", "pipeline"]):
+    for cmd in (["git", "init", "-q"], ["git", "config", "user.email", "t@example.org"], ["git", "config", "user.name", "t"],
+                ["dvc", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "pipeline"]):
         subprocess.run(cmd, cwd=repo, check=True, env=env)
     a, b = config_file(tmp_path / "a.yaml", 0.5), config_file(tmp_path / "b.yaml", 0.8)
     out = tmp_path / "s.json"
@@ -307,6 +306,8 @@ def test_sensitivity_runs_its_sequences_as_dvc_experiments_and_summarises_their_
     assert main(args + ["--run", "--jobs", "2"]) == 0, capsys.readouterr().err
     printed = capsys.readouterr().out
     assert "wave 1: 2 experiment(s)" in printed and "wave 2: 3 experiment(s)" in printed  # a group per first configuration
+    git = lambda *a: subprocess.run(["git", *a], cwd=repo, capture_output=True, text=True, env=env).stdout  # noqa: E731
+    assert "shares: benchmark" in git("log", "-1", "--format=%s") and git("status", "--porcelain", "dvc.lock") == ""
     summary = json.loads(out.read_text())
     valid = {name: run["all"]["valid"] for name, run in summary["runs"].items()}
     assert valid == {"a/s0": 0.5, "b/s0": 0.8, "a+b/s0": 0.9}  # a+b: its second stage, on b, one better than b's first
