@@ -107,15 +107,17 @@ def waves(plan: Sequence[Experiment], done: set[str] | frozenset[str] = frozense
           shared: Sequence[str] = ()) -> list[list[Experiment]]:
     """The plan less the experiments in ``done``, in two waves, so that the stages every experiment of a group shares
     run once and the others restore them from DVC's run-cache. With ``shared`` (:func:`shared_stages`): first a short
-    experiment per group that runs only those stages (``targets``; named ``shared-<name>``), then every remaining
-    experiment at once. Without: the first remaining experiment of each group, whole, then the rest."""
+    experiment per group of two or more that runs only those stages (``targets``; named ``shared-<name>``), then every
+    remaining experiment at once. Without: the first remaining experiment of each group, whole, then the rest."""
     todo = [item for item in plan if item.name not in done]
     first: dict[Any, Experiment] = {}
+    members: dict[Any, int] = {}
     for item in todo:
         first.setdefault(item.group, item)
-    if shared:
+        members[item.group] = members.get(item.group, 0) + 1
+    if shared:  # a group of one shares nothing: it runs whole in the second wave
         prefix = [replace(item, name=f"{SHARED_PREFIX}{item.name}", arm=None, targets=tuple(shared))
-                  for item in first.values()]
+                  for group, item in first.items() if members[group] > 1]
         return [w for w in (prefix, todo) if w]
     rest = [item for item in todo if first[item.group] is not item]
     return [w for w in (list(first.values()), rest) if w]
