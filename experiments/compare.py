@@ -39,7 +39,7 @@ from envgen.core.files import atomic_write_text
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import comparison_plan
 from experiments.records import aggregate, experiment_records, missing, outcomes, workspace_records
-from experiments.runner import QueueStalled, run_plan
+from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from pipeline.params import ParamsError, load_params, parse_overrides
 
 
@@ -123,10 +123,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "pool's workers take (`env-engineer workers --gpus 0,1`: one per GPU), each a `dvc exp run --temp`")
     parser.add_argument("--deployment", default="curriculum/curriculum",
                         help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
-    parser.add_argument("--no-commit", dest="commit", action="store_false",
-                        help="with --run: leave what the shared stages (the start, the validation set, the benchmark) "
-                        "change in the workspace uncommitted; by default it is committed before anything is queued, so "
-                        "that the experiments start from it instead of each carrying a copy")
+    add_commit_argument(parser)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`)")
     parser.add_argument("--reference", default="fixed",

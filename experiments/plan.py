@@ -9,6 +9,7 @@ budgets are equal by construction and everything else is the workspace's ``param
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -111,10 +112,9 @@ def waves(plan: Sequence[Experiment], done: set[str] | frozenset[str] = frozense
     remaining experiment at once. Without: the first remaining experiment of each group, whole, then the rest."""
     todo = [item for item in plan if item.name not in done]
     first: dict[Any, Experiment] = {}
-    members: dict[Any, int] = {}
     for item in todo:
         first.setdefault(item.group, item)
-        members[item.group] = members.get(item.group, 0) + 1
+    members = Counter(item.group for item in todo)
     if shared:  # a group of one shares nothing: it runs whole in the second wave
         prefix = [replace(item, name=f"{SHARED_PREFIX}{item.name}", arm=None, targets=tuple(shared))
                   for group, item in first.items() if members[group] > 1]

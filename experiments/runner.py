@@ -188,6 +188,15 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
                   file=sys.stderr, flush=True)
 
 
+def add_commit_argument(parser: Any) -> None:
+    """``--no-commit`` (``commit``: whether :func:`run_plan` commits what the shared stages changed), for the commands
+    that run a plan."""
+    parser.add_argument("--no-commit", dest="commit", action="store_false",
+                        help="with --run: leave what the shared stages (the start, the validation set, the benchmark) "
+                        "change in the workspace uncommitted; by default it is committed before anything is queued, so "
+                        "that the experiments start from it instead of each carrying a copy")
+
+
 def commit_shared(repo: Path, stages: list[StageFiles]) -> list[str]:
     """Commit what ``stages`` (the stages every experiment shares, run in the workspace) changed of the files git
     keeps: their outputs that are in git (the starting policy's), ``dvc.lock``, and ``params.yaml`` that made them, so

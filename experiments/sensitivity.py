@@ -35,7 +35,7 @@ from envgen.core.files import atomic_write_text
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import sensitivity_plan
 from experiments.records import experiment_records, missing, outcomes
-from experiments.runner import QueueStalled, run_plan
+from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, summarise_rows,
                                              union_outcomes, write_outcomes)
 from pipeline.params import ParamsError, load_params, parse_overrides
@@ -75,10 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --run: DVC's own queue (default), or flow runs of a Prefect deployment")
     parser.add_argument("--deployment", default="curriculum/curriculum",
                         help="with --via prefect: the deployment of the curriculum flow (prefect.yaml)")
-    parser.add_argument("--no-commit", dest="commit", action="store_false",
-                        help="with --run: leave what the shared stages (the start, the validation set, the benchmark) "
-                        "change in the workspace uncommitted; by default it is committed before anything is queued, so "
-                        "that the experiments start from it instead of each carrying a copy")
+    add_commit_argument(parser)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="extra parameter for every experiment (as `dvc exp run -S`), e.g. train.sft_max_examples=2000")
     parser.add_argument("--agents", type=int, default=2,
