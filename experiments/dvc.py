@@ -34,6 +34,9 @@ class StageFiles:
     """The ``params.yaml`` keys the stage reads (``train``, ``start.train``, ...)."""
     upstream: tuple[str, ...] = ()
     """The stages it depends on, directly."""
+    uncached: tuple[str, ...] = ()
+    """Its outputs with ``cache: false`` other than metrics and plots. DVC keeps no run-cache entry for a stage with
+    any (``Stage.run``: ``run_cache=not no_cache_outs``), so an experiment runs it again instead of restoring it."""
 
     @property
     def step(self) -> str:
@@ -175,7 +178,8 @@ def pipeline_stages(repo: str | Path) -> list[StageFiles]:
                 outs=tuple(o.def_path for o in s.outs if not o.metric and not o.plot),
                 metrics=tuple(o.def_path for o in s.outs if o.metric),
                 plots=tuple(o.def_path for o in s.outs if o.plot),
-                params_keys=keys, upstream=tuple(sorted(upstream[s.name])))
+                params_keys=keys, upstream=tuple(sorted(upstream[s.name])),
+                uncached=tuple(o.def_path for o in s.outs if not o.use_cache and not o.metric and not o.plot))
     order: list[str] = []
     done: set[str] = set()
     while len(order) < len(listed):

@@ -81,11 +81,26 @@ SHARED_PREFIX = "shared-"
 removed after."""
 
 
-def shared_stages(stages: list[StageFiles]) -> list[str]:
-    """The stages every experiment of a group runs alike: those of the first curriculum item except its engineer's
-    (``engineer-config``, the first decision); DVC runs what they depend on with them."""
+def _first_item_stages(stages: list[StageFiles]) -> list[StageFiles]:
+    """The stages of the first curriculum item except its engineer's (``engineer-config``, the first decision)."""
     first = next((s.item for s in stages if s.item is not None), None)
-    return [s.name for s in stages if first is not None and s.item == first and s.step != "engineer-config"]
+    return [s for s in stages if first is not None and s.item == first and s.step != "engineer-config"]
+
+
+def shared_stages(stages: list[StageFiles]) -> list[str]:
+    """The stages every experiment of a group runs alike: those of the first curriculum item except its engineer's;
+    DVC runs what they depend on with them. A stage that DVC cannot restore from its run-cache
+    (:attr:`StageFiles.uncached`) is left out, since every experiment would run it again anyway (:func:`unrestorable`
+    says so)."""
+    return [s.name for s in _first_item_stages(stages) if not s.uncached]
+
+
+def unrestorable(stages: list[StageFiles]) -> list[str]:
+    """One line per stage that :func:`shared_stages` leaves out because DVC keeps no run-cache entry for it, naming
+    the outputs to fix in ``dvc.yaml``; empty for the project's own pipeline."""
+    return [f"{s.name}: DVC keeps no run-cache entry for it ({', '.join(s.uncached)}: cache: false), so every experiment "
+            "runs it again; in dvc.yaml drop cache: false there, or declare the file a metric or a plot"
+            for s in _first_item_stages(stages) if s.uncached]
 
 
 def seed_free_stages(stages: list[StageFiles], keys: Sequence[str]) -> list[str]:

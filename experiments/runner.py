@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, set_words
-from experiments.plan import Experiment, seed_free_stages, shared_stages, waves
+from experiments.plan import Experiment, seed_free_stages, shared_stages, unrestorable, waves
 
 
 def queue_args(item: Experiment, extra: dict[str, Any]) -> list[str]:
@@ -249,6 +249,8 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
             dvc(["repro", *common], repo)
             if commit:
                 commit_shared(repo, [s for s in stages if s.name in common])
+        for line in unrestorable(stages):
+            print(f"warning: {line}", file=sys.stderr, flush=True)
         for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
             wave_began = time.monotonic()
             print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)

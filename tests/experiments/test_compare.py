@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from experiments.compare import render
-from experiments.plan import comparison_plan, shared_stages, waves
+from experiments.plan import comparison_plan, shared_stages, unrestorable, waves
 from experiments.records import (aggregate, config_summary, experiment_records, last_stage_result, missing, stage_config,
                                  workspace_records)
 from experiments.runner import queue_args
@@ -69,6 +69,12 @@ def test_comparison_aggregate_with_confidence_intervals():
     assert [[p.name for p in w] for w in left] == [["cmp-fixed-s0", "cmp-fixed-s2"]]  # finished ones are left out
     shared = shared_stages(STAGES + [stage("engineer-config@0", "x"), stage("benchmark", "y")])
     assert shared == ["validate@0", "evaluate@0"]  # the first item's stages but its engineer's
+    table_uncached = replace(STAGES[1], uncached=("data/stages/0/benchmark.md",))  # DVC could not restore it
+    assert shared_stages([STAGES[0], table_uncached]) == ["validate@0"]
+    assert unrestorable([STAGES[0], table_uncached]) == [
+        "evaluate@0: DVC keeps no run-cache entry for it (data/stages/0/benchmark.md: cache: false), so every "
+        "experiment runs it again; in dvc.yaml drop cache: false there, or declare the file a metric or a plot"]
+    assert unrestorable(STAGES) == []
     prefix, every = waves(plan, {"cmp-fixed-s1"}, shared)  # a short experiment per seed, then every one at once
     # seed 1 has one experiment left, which shares nothing: it runs whole in the second wave
     assert [p.name for p in prefix] == ["shared-cmp-heuristic-s0", "shared-cmp-heuristic-s2"]

@@ -4,6 +4,7 @@ import subprocess
 import pytest
 
 from experiments.dvc import DvcError, curriculum_items, dvc, dvc_env, pipeline_stages, stage_named
+from experiments.plan import shared_stages, unrestorable
 
 from tests.helpers import ROOT
 
@@ -33,6 +34,17 @@ def test_stages_come_from_dvc_yaml_in_an_order_that_runs_each_after_its_inputs(p
     train = stage_named(stages, "train", "1")
     assert train.step == "train" and train.item == "1" and train.out("train_metrics.json") in train.metrics
     assert stage_named(stages, "train", "7") is None and stage_named(stages, "benchmark", None).item is None
+
+
+def test_every_stage_the_experiments_share_can_be_restored_from_dvcs_run_cache(project):
+    """A stage with an output of ``cache: false`` that is not a metric or plot gets no run-cache entry, so every
+    experiment of a comparison would run it again (stage 0's benchmark did, before its tables were cached)."""
+    stages = pipeline_stages(project)
+    assert unrestorable(stages) == []
+    assert shared_stages(stages) == [f"{step}@0" for step in ("generate-instances", "train", "evaluate", "validate",
+                                                                "summarize-failures")]
+    assert stage_named(stages, "engineer-config", "0").uncached  # its configuration stays in git: not shared anyway
+    assert stage_named(stages, "evaluate", "0").uncached == ()
 
 
 def test_dvc_errors_hold_the_output(project):
