@@ -97,10 +97,11 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
     if trained:
         fig, ax = plt.subplots(figsize=(6.5, 3.6))
         agents = sorted({a for e in trained for a in e["bench"]["bench_table"]}, key=int)
-        for i, a in enumerate(agents):
-            xs = [e["stage"] for e in trained]
-            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["acc"] for e in trained], "o-", color=f"C{i}", label=f"{a} agents: valid")
-            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["opt"] for e in trained], "s--", color=f"C{i}", alpha=0.6, label=f"{a} agents: optimal")
+        for i, a in enumerate(agents):  # a stage before evaluate.whole_from_stage scores some agent counts only
+            scored = [e for e in trained if a in e["bench"]["bench_table"]]
+            xs = [e["stage"] for e in scored]
+            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["acc"] for e in scored], "o-", color=f"C{i}", label=f"{a} agents: valid")
+            ax.plot(xs, [100 * e["bench"]["bench_table"][a]["sum"]["opt"] for e in scored], "s--", color=f"C{i}", alpha=0.6, label=f"{a} agents: optimal")
             for name, style in (("prioritized", ":"), ("independent", "-.")):
                 ref = (trained[-1]["bench"].get("reference") or {}).get(name, {}).get(a)
                 if ref:
@@ -118,7 +119,7 @@ def figures(run: list[dict[str, Any]]) -> dict[str, bytes]:
         grid = np.full((len(agents), len(sizes)), np.nan)
         for i, a in enumerate(agents):
             for j, n in enumerate(sizes):
-                cell = last[a]["sizes"].get(str(n))
+                cell = last.get(a, {}).get("sizes", {}).get(str(n))
                 if cell:
                     grid[i, j] = 100 * cell["acc"]
         figs["benchmark_heatmap"] = _heatmap(grid, [f"{a} agents" for a in agents], [f"{n}x{n}" for n in sizes],

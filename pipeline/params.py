@@ -106,6 +106,16 @@ class EvaluateSettings(_Section):
     max_new_tokens: TokenBudget = Field(
         "auto", description="Answer length budget on the benchmark, as rollout.max_new_tokens: 'auto' (each instance "
         "its own, above its optimal answer's length) or one cap in tokens.")
+    whole_from_stage: int | None = Field(
+        None, ge=0, description="The first curriculum stage that scores the whole benchmark; the stages before it score "
+        "only its early_agents boards (the engineers' signal, at a fraction of the cost). null: every stage scores the "
+        "whole benchmark.")
+    early_agents: list[Annotated[int, Field(ge=2, le=8)]] = Field(
+        [2], min_length=1, description="The agent counts a stage before whole_from_stage scores.")
+
+    def agents_for(self, stage: int) -> list[int] | None:
+        """The agent counts stage ``stage`` answers on the benchmark; None: all of them."""
+        return None if self.whole_from_stage is None or stage >= self.whole_from_stage else list(self.early_agents)
 
 
 class PolicySettings(_Section):
@@ -475,6 +485,10 @@ class Params(_Section):
                     problems.append(f"{name}.max_new_tokens is 'auto' but policy.prompt.think is true: an automatic "
                                     "budget counts the plan alone and would cut the reasoning before it; set "
                                     f"{name}.max_new_tokens to a number of tokens")
+        absent = sorted(set(self.evaluate.early_agents) - set(self.benchmark.agents))
+        if self.evaluate.whole_from_stage is not None and absent:
+            problems.append(f"evaluate.early_agents: the benchmark has no boards of {absent} agents (benchmark.agents: "
+                            f"{sorted(self.benchmark.agents)}); name some of those, or set evaluate.whole_from_stage: null")
         if problems:
             raise ValueError("\n".join(problems))
         return self

@@ -9,7 +9,8 @@ check refuses a file where a budget is below its optimal answer (a fixed ``max_n
 
 Settings: params.yaml's ``policy`` (model, prompt, reward: the policy is evaluated exactly as it is trained) and
 ``rollout`` sections (:class:`pipeline.params.RolloutSettings`); the benchmark evaluation runs this step with
-``--set rollout.max_new_tokens=${evaluate.max_new_tokens}``. Imports no Prefect, DVC, polars or great-expectations
+``--evaluate``, which takes the budgets from ``evaluate.max_new_tokens`` and, before ``evaluate.whole_from_stage``,
+answers only the boards of ``evaluate.early_agents`` agents. Imports no Prefect, DVC, polars or great-expectations
 (``env-engineer check-data --kind trajectories`` checks the output, as the pipeline does).
 """
 
@@ -22,7 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import pyarrow.parquet as pq
 
@@ -100,11 +101,15 @@ class RolloutSummary:
 
 def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings = PolicySettings(),
             settings: RolloutSettings = RolloutSettings(), adapter: str | None = None, stage: int = 0,
-            limit: int | None = None, backend: Any = None, progress: bool = True) -> RolloutSummary:
-    """Run the rollout and write the trajectories Parquet. ``limit``: only the first instances; ``backend`` may be
-    passed to reuse a loaded model."""
+            limit: int | None = None, backend: Any = None, progress: bool = True,
+            agents: Sequence[int] | None = None) -> RolloutSummary:
+    """Run the rollout and write the trajectories Parquet. ``agents``: only the instances of these agent counts;
+    ``limit``: only the first instances; ``backend`` may be passed to reuse a loaded model."""
     table = read_instances(instances_path)
-    rows_in = table.to_pylist()[:limit]
+    rows_in = [r for r in table.to_pylist() if agents is None or r["num_agents"] in agents][:limit]
+    if not rows_in:
+        raise ValueError(f"{instances_path}: no instance of {sorted(agents or [])} agents to answer; "
+                         "set evaluate.early_agents to agent counts the benchmark has")
     instances = parse_instances([r["instance"] for r in rows_in], instances_path)
     loading = time.perf_counter()
     backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
@@ -163,6 +168,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, type=Path, help="trajectories Parquet to write (atomically)")
     parser.add_argument("--adapter", default=None, help="LoRA adapter folder (PEFT) to apply")
     parser.add_argument("--stage", type=int, default=0, help="curriculum stage recorded with each row (default 0)")
+    parser.add_argument("--evaluate", action="store_true",
+                        help="answer as the benchmark evaluation after stage --stage: the evaluate section's budgets "
+                             "(evaluate.max_new_tokens) and, before evaluate.whole_from_stage, only the boards of "
+                             "evaluate.early_agents agents")
     parser.add_argument("--limit", type=int, default=None, help="only the first N instances")
     parser.add_argument("--out-metrics", type=Path, default=None, help="also write validation metrics JSON here")
     parser.add_argument("--no-progress", action="store_true", help="no progress (a bar in a terminal, else a line every 15 s)")
@@ -178,10 +187,14 @@ def run(args: argparse.Namespace) -> int:
         if args.limit is not None and args.limit < 1:
             raise ValueError(f"--limit {args.limit}: must be at least 1")
         params = load_params(args.params, args.set)
+        settings, agents = params.rollout, None
+        if args.evaluate:
+            settings = settings.model_copy(update={"max_new_tokens": params.evaluate.max_new_tokens})
+            agents = params.evaluate.agents_for(args.stage)
         if params.rollout.backend != "openai":
             claim_gpu()
-        summary = rollout(args.instances, args.out, params.policy, params.rollout, args.adapter, args.stage, args.limit,
-                          progress=not args.no_progress)
+        summary = rollout(args.instances, args.out, params.policy, settings, args.adapter, args.stage, args.limit,
+                          progress=not args.no_progress, agents=agents)
     except (ParamsError, ValueError, ModelNotFoundError, BackendError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

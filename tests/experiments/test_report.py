@@ -27,7 +27,9 @@ def test_report_reads_the_files_dvc_yaml_declares_and_is_self_contained(tmp_path
                                         "sizes": {3: {"data_ratio": 0.5, "hole_ratio": 0.1 * k, "wait_ratio": 0.5}}}))
         if k == 2:
             continue
-        write("bench", json.dumps({"bench": {"acc/3_agents": 0.1 * k}, "bench_table": table,
+        # stage 0 scored the two-agent boards only (evaluate.whole_from_stage: 1), stage 1 every agent count
+        scored = {"2": table["3"]} if k == 0 else {"2": table["3"], **table}
+        write("bench", json.dumps({"bench": {"acc/3_agents": 0.1 * k}, "bench_table": scored,
                                    "reference": {"prioritized": table, "independent": table}}))
         write("tables", render_table(table, "Policy"))
         write("validation", json.dumps({"validation": {"valid": 0.5}, "validation_by_size": {"3": {"valid": 0.5}}}))

@@ -144,3 +144,11 @@ def test_the_recipe_and_sampler_registries_are_the_settings_values_and_their_hel
         field = TrainSettings.model_fields[name]
         assert set(typing.get_args(field.annotation)) == set(registry), name
         assert all(f"'{value}', {line}" in field.description for value, line in registry.items()), name
+
+
+def test_the_stages_before_whole_from_stage_score_the_early_agent_counts():
+    from pipeline.params import EvaluateSettings
+
+    assert EvaluateSettings().agents_for(0) is None  # default: every stage scores the whole benchmark
+    late = EvaluateSettings(whole_from_stage=3, early_agents=[2])
+    assert [late.agents_for(k) for k in range(5)] == [[2], [2], [2], None, None]

@@ -71,3 +71,23 @@ def test_rollout_command_reads_params_and_overrides(tiny_model_dir, instances_fi
     assert "rollout.base_url" in capsys.readouterr().err
     assert main(base + ["--set", "rollout.sampels=2"]) == 2
     assert "rollout.sampels" in capsys.readouterr().err
+
+
+def test_the_benchmark_evaluation_scores_the_early_agent_counts_before_whole_from_stage(tiny_model_dir, instances_file,
+                                                                                      tmp_path, capsys):
+    """``--evaluate``: evaluate.max_new_tokens for the budgets, and before evaluate.whole_from_stage only the boards
+    of evaluate.early_agents agents (the instances here are all two-agent boards)."""
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    out = tmp_path / "b.parquet"
+    base = ["--params", str(params), "--instances", str(instances_file), "--out", str(out), "--no-progress", "--evaluate",
+            "--set", "benchmark.agents={2: [3, 5], 3: [3, 5]}", "--set", "evaluate.whole_from_stage=1",
+            "--set", "evaluate.max_new_tokens=7"]
+    assert main(base + ["--stage", "0", "--set", "evaluate.early_agents=[2]"]) == 0
+    rows = pq.read_table(out).to_pylist()
+    assert len(rows) == 5 and {r["num_agents"] for r in rows} == {2} and {r["token_budget"] for r in rows} == {7}
+    assert main(base + ["--stage", "0", "--set", "evaluate.early_agents=[3]"]) == 2  # nothing left to answer
+    assert "no instance of [3] agents" in capsys.readouterr().err
+    assert main(base + ["--stage", "1", "--set", "evaluate.early_agents=[3]"]) == 0  # from stage 1 on: every board
+    assert pq.read_table(out).num_rows == 5
+    assert main(base + ["--stage", "0", "--set", "evaluate.early_agents=[4]"]) == 2  # not a count the benchmark has
+    assert "evaluate.early_agents: the benchmark has no boards of [4] agents" in capsys.readouterr().err
