@@ -367,6 +367,9 @@ class RolloutSettings(_Section):
     api_key_env: str | None = Field("OPENAI_API_KEY", description="openai backend: the environment variable holding "
                                     "the key (null, or a variable that is not set: no Authorization header, as for a "
                                     "local `env-engineer serve`).")
+    concurrency: int = Field(1, ge=1, le=4096, description="openai backend: requests in flight at once, so that a "
+                             "server that batches what it receives (vLLM) answers many together; with --adapter the "
+                             "server loads the adapter at runtime (see policy.openai_backend).")
 
     @model_validator(mode="after")
     def _endpoint(self) -> RolloutSettings:

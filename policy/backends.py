@@ -5,9 +5,11 @@ Registry :data:`BACKENDS`:
 - ``transformers`` (default; CPU or GPU): batched sampling with left padding, stop strings, per-batch seeds; on CUDA a
   static KV cache with the decode step compiled into CUDA graphs (see :class:`TransformersBackend`).
 - ``vllm`` (GPU): imported only when chosen; LoRA adapters through ``LoRARequest``; a seed per conversation.
-- ``openai``: any OpenAI-compatible chat-completions endpoint (base URL, model name, API key read from an environment
-  variable, sent to that host only and never recorded), retries with exponential backoff on connection errors, 429
-  and 5xx.
+- ``openai`` (:mod:`policy.openai_backend`): any OpenAI-compatible chat-completions endpoint (base URL, model name,
+  API key read from an environment variable, sent to that host only and never recorded), retries with exponential
+  backoff on connection errors, 429 and 5xx.
+
+What they share (sampling settings, a completion, the protocol, the errors) is in :mod:`policy.generation`.
 """
 
 from __future__ import annotations
@@ -15,101 +17,19 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
-import random
-import re
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-Conversation = list[dict[str, str]]
+from policy.generation import (XGRAMMAR_MISSING, Backend, BackendError, ConstrainedDecodingUnavailable, Conversation,
+                               Generation, SamplingParams, check_budgets)
+from policy.openai_backend import OpenAIBackend
 
-
-class BackendError(RuntimeError):
-    """A backend could not generate (missing package, unreachable endpoint after retries, bad response)."""
-
-
-class ConstrainedDecodingUnavailable(BackendError):
-    """Constrained JSON was asked for (``SamplingParams.json_schema``) and the backend cannot decode under a schema:
-    an install problem, never a reason to answer unconstrained."""
-
-
-XGRAMMAR_MISSING = ("constrained JSON decoding needs xgrammar, which is not installed here: install it "
-                    "(`pip install --no-deps xgrammar==0.2.8 apache-tvm-ffi`, the `constrained` extra; the `gpu` extra "
-                    "has it too), or ask for unconstrained output")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample.
-
-    Attributes:
-        max_new_tokens: completion length cap.
-        temperature: 0 means greedy decoding.
-        top_p: nucleus sampling mass.
-        seed: base seed, recorded with each generation as the backend used it: ``transformers`` seeds batch ``k``
-            of a call with ``seed + k``, ``vllm`` conversation ``i`` with ``seed + i * n`` (its samples the next
-            ``n - 1``), ``openai`` the request for conversation ``i``'s samples from the ``j``-th on with
-            ``seed + i * n + j`` (an endpoint that returns fewer choices than asked is asked again).
-        stop: generation stops after any of these strings (kept in the text).
-        json_schema: a JSON schema (as a JSON string) the output must follow: constrained decoding where the backend
-            can (xgrammar for transformers, structured outputs for vLLM, ``response_format`` for OpenAI endpoints).
-    """
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    stop: tuple[str, ...] = ("</answer>",)
-    json_schema: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens = {self.max_new_tokens}: must be at least 1")
-        if not (self.temperature == 0 or 1e-3 <= self.temperature <= 100):  # also refuses NaN
-            raise ValueError(f"temperature = {self.temperature}: must be 0 (greedy) or between 0.001 and 100")
-        if not 0 < self.top_p <= 1:  # also refuses NaN
-            raise ValueError(f"top_p = {self.top_p}: must be in (0, 1]")
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One completion."""
-
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str
-    latency_s: float
-    seed: int
-    constrained: bool = False
-
-
-class Backend(Protocol):
-    name: str
-    model_id: str
-    adapter_hash: str | None
-
-    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None,
-                 budgets: Sequence[int] | None = None) -> list[list[Generation]]: ...
-
-    def count_tokens(self, text: str) -> int: ...
-
-
-def check_budgets(budgets: Sequence[int] | None, conversations: Sequence[Conversation]) -> None:
-    """``budgets``, when given, holds one answer length cap (at least 1 token) per conversation; it then replaces
-    ``SamplingParams.max_new_tokens`` for each of them."""
-    if budgets is None:
-        return
-    if len(budgets) != len(conversations):
-        raise ValueError(f"{len(budgets)} token budgets for {len(conversations)} conversations: give one each")
-    if any(not isinstance(b, int) or b < 1 for b in budgets):
-        raise ValueError("every token budget must be a whole number of at least 1")
+__all__ = ["BACKENDS", "Backend", "BackendError", "ConstrainedDecodingUnavailable", "Conversation", "Generation",
+           "OpenAIBackend", "SamplingParams", "TransformersBackend", "VLLMBackend", "check_budgets", "make_backend"]
 
 
 def forget_compiled(model: Any) -> None:
@@ -480,171 +400,6 @@ def lora_rank(adapter: str | Path) -> int:
     """The LoRA rank ``r`` of a PEFT adapter folder (vLLM must be told the largest rank it will serve)."""
     config = json.loads((Path(adapter) / "adapter_config.json").read_text())
     return int(config.get("r") or 16)
-
-
-# -------------------------------------------------------------------------------------------------------- openai
-class OpenAIBackend:
-    """Any OpenAI-compatible ``/chat/completions`` endpoint, through httpx.
-
-    Args:
-        base_url: e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8000/v1``.
-        model: the endpoint's model name.
-        api_key_env: name of the environment variable holding the key; None, empty or unset means no ``Authorization``
-            header.
-        max_retries / backoff_s: retries on connection errors, 429 and 5xx, waiting ``backoff_s * 2**k`` (+ jitter).
-
-    The key goes to ``base_url``'s host and nowhere else: redirects are never followed (an endpoint that answers with
-    one is an error naming where it pointed), and every message this backend writes (errors, records) has the key
-    replaced by ``***``. A reply that is not a completion in the OpenAI shape is an error, never a crash.
-    """
-
-    name = "openai"
-    MAX_REPLY_BYTES = 16_000_000
-
-    def __init__(self, base_url: str, model: str, api_key_env: str | None = "OPENAI_API_KEY", timeout_s: float = 120.0,
-                 max_retries: int = 5, backoff_s: float = 1.0, extra_body: dict[str, Any] | None = None, **_: Any) -> None:
-        if not isinstance(base_url, str) or not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url = {str(base_url)[:80]!r}: must start with http:// or https://")
-        from urllib.parse import urlsplit
-
-        parts = urlsplit(base_url)
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("base_url holds a user or password (user:password@host): leave them out and put the key in "
-                             "the environment variable api_key_env names")
-        if parts.query or parts.fragment:
-            raise ValueError(f"base_url = {base_url[:80]!r}: no ?query or #fragment; give the endpoint's base, e.g. "
-                             "http://127.0.0.1:8000/v1")
-        self.url = base_url.rstrip("/") + "/chat/completions"
-        self.model_id = model
-        self.adapter_hash = None
-        self.api_key_env = api_key_env
-        self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
-        self.extra_body = extra_body or {}
-
-    def _key(self) -> str | None:
-        return os.environ.get(self.api_key_env) if self.api_key_env else None
-
-    def scrub(self, text: str, limit: int = 300) -> str:
-        """``text`` with the key replaced by ``***`` (also where the text writes it in ``\\uXXXX`` escapes, as a JSON
-        echo may), cut to ``limit`` characters."""
-        key = self._key()
-        if key:
-            if "\\u" in text:  # decode escapes first, so that an escaped key is a key
-                text = re.sub(r"\\u([0-9a-fA-F]{4})", lambda m: chr(int(m.group(1), 16)), text)
-            text = text.replace(key, "***")
-        return text[:limit]
-
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body``; the reply as a JSON object, read as a stream and cut off past :attr:`MAX_REPLY_BYTES` once
-        decoded (a small gzip bomb is a large reply), each attempt within ``timeout_s`` in all, not per read."""
-        import httpx
-
-        headers = {"Content-Type": "application/json"}
-        key = self._key()
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        data = json.dumps(body).encode()
-        last = ""
-        # trust_env=False: the key goes to base_url's host, never to a proxy named in HTTP(S)_PROXY
-        with httpx.Client(timeout=self.timeout_s, follow_redirects=False, trust_env=False) as client:
-            for attempt in range(self.max_retries + 1):
-                try:
-                    status, location, content = self._exchange(client, data, headers)
-                except (httpx.HTTPError, TimeoutError, ConnectionError) as e:
-                    last = self.scrub(f"cannot read a reply from {self.url}: {type(e).__name__}: {e}")
-                else:
-                    if 300 <= status < 400 and location is not None:
-                        raise BackendError(self.scrub(f"{self.url} answered {status} pointing to {location}: "
-                                                      "redirects are not followed (the API key goes to base_url's "
-                                                      "host only); set base_url to the final address"))
-                    if status == 200:
-                        try:
-                            reply = json.loads(content)
-                        except (ValueError, RecursionError):
-                            raise BackendError(f"{self.url} answered with something that is not JSON") from None
-                        if not isinstance(reply, dict):
-                            raise BackendError(f"{self.url} answered JSON that is not an object")
-                        return reply
-                    last = self.scrub(f"HTTP {status} from {self.url}: {content[:300].decode('utf-8', 'replace')}")
-                    if status != 429 and status < 500:
-                        raise BackendError(last)
-                if attempt < self.max_retries:
-                    time.sleep(self.backoff_s * 2**attempt * (1 + 0.25 * random.random()))
-        raise BackendError(self.scrub(f"{last} (gave up after {self.max_retries + 1} attempts)", 600))
-
-    ERROR_BODY_BYTES = 4096
-    """How much of an error reply's body is read (for its message)."""
-
-    def _exchange(self, client: Any, data: bytes, headers: dict[str, str]) -> tuple[int, str | None, bytes]:
-        """One request: status, redirect location and the body, streamed and decoded: at most
-        :attr:`MAX_REPLY_BYTES` of a 200 and :attr:`ERROR_BODY_BYTES` of anything else, within ``timeout_s`` in all."""
-        deadline = time.monotonic() + self.timeout_s
-        with client.stream("POST", self.url, content=data, headers=headers) as response:
-            cap = self.MAX_REPLY_BYTES if response.status_code == 200 else self.ERROR_BODY_BYTES
-            chunks, size = [], 0
-            for chunk in response.iter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > cap:
-                    if response.status_code == 200:
-                        raise BackendError(f"{self.url} answered more than {cap:,} bytes: too large a reply")
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the reply took more than {self.timeout_s:g} s in all")
-            location = response.headers.get("location") if response.is_redirect else None
-            return response.status_code, location, b"".join(chunks)[: cap + 1]
-
-    def count_tokens(self, text: str) -> int:
-        """An upper bound on the tokens of ``text`` in any byte-level tokenizer: its UTF-8 bytes (the endpoint's
-        tokenizer is not known here, and no token is shorter than a byte)."""
-        return len(text.encode("utf-8"))
-
-    def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,
-                 on_progress: Callable[[int], None] | None = None,
-                 budgets: Sequence[int] | None = None) -> list[list[Generation]]:
-        """``n`` completions per conversation; ``budgets``: each conversation's own answer length cap
-        (:func:`check_budgets`), its requests' ``max_tokens``."""
-        check_budgets(budgets, conversations)
-        out = []
-        for i, conversation in enumerate(conversations):
-            gens: list[Generation] = []
-            while len(gens) < n:  # some endpoints return fewer choices than asked
-                seed = params.seed + i * n + len(gens)  # conversations apart, as the vllm backend seeds them
-                cap = params.max_new_tokens if budgets is None else budgets[i]
-                body = {"model": self.model_id, "messages": conversation, "n": n - len(gens),
-                        "max_tokens": cap, "temperature": params.temperature, "top_p": params.top_p,
-                        "seed": seed, **self.extra_body}
-                if params.stop:
-                    body["stop"] = list(params.stop)
-                if params.json_schema is not None:
-                    body["response_format"] = {"type": "json_schema", "json_schema": {
-                        "name": "proposal", "schema": json.loads(params.json_schema), "strict": True}}
-                t0 = time.perf_counter()
-                reply = self._post(body)
-                latency = time.perf_counter() - t0
-                choices = reply.get("choices")
-                if not isinstance(choices, list) or not choices or not all(isinstance(c, dict) for c in choices):
-                    raise BackendError(f"{self.url} returned no choices (a 'choices' list of objects)")
-                usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
-                for choice in choices[: n - len(gens)]:
-                    message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
-                    text = message.get("content") if isinstance(message.get("content"), str) else ""
-                    text = self.scrub(text, limit=len(text))  # an endpoint that echoes the key never gets it recorded
-                    reason = choice.get("finish_reason") if isinstance(choice.get("finish_reason"), str) else "stop"
-                    if reason == "stop" and params.stop and not any(s in text for s in params.stop) and "<answer>" in text:
-                        text += params.stop[0]  # OpenAI strips the stop string; put the closing tag back
-                    gens.append(Generation(text, _count(usage.get("prompt_tokens")),
-                                           _count(usage.get("completion_tokens")) // max(1, len(choices)),
-                                           reason[:20], latency, seed, params.json_schema is not None))
-            out.append(gens)
-            if on_progress is not None:
-                on_progress(1)
-        return out
-
-
-def _count(value: Any) -> int:
-    """A token count from an untrusted reply: a non-negative integer, else 0."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**9 else 0
 
 
 BACKENDS: dict[str, type] = {"transformers": TransformersBackend, "vllm": VLLMBackend, "openai": OpenAIBackend}

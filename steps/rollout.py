@@ -42,7 +42,8 @@ from policy.backends import SamplingParams, make_backend
 def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: str | None) -> dict[str, Any]:
     """The options of ``settings.backend``'s constructor (:data:`policy.backends.BACKENDS`)."""
     if settings.backend == "openai":
-        return {"base_url": settings.base_url, "model": policy.model, "api_key_env": settings.api_key_env}
+        return {"base_url": settings.base_url, "model": policy.model, "api_key_env": settings.api_key_env,
+                "concurrency": settings.concurrency, "adapter": adapter, "tokenizer": policy.model}
     options = {"model": policy.model, "adapter": adapter, "batch_size": settings.batch_size, "threads": settings.threads}
     if settings.backend == "transformers":
         options.update(cache=settings.cache, compile_backend=settings.compile_backend)

@@ -230,6 +230,106 @@ def test_openai_backend_seeds_each_conversation_apart(monkeypatch):
     assert [[g.seed for g in gens] for gens in out] == [[7, 8], [9, 10]]
 
 
+class _Batching(BaseHTTPRequestHandler):
+    """A stand-in for a server that batches what it receives (vLLM): holds each completion request a moment, counts
+    how many are in flight at once, records every request, and loads LoRA adapters at runtime by name."""
+
+    lock = threading.Lock()
+    in_flight = most = 0
+    bodies: list = []
+    loaded: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status, text, kind="application/json"):
+        body = text.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.bodies.append((self.path, body))
+        if self.path == "/v1/load_lora_adapter":
+            if body["lora_name"] in cls.loaded:  # vLLM's words for an adapter it holds
+                return self._reply(400, json.dumps({"message": f"The lora adapter '{body['lora_name']}' has already "
+                                                               "been loaded.", "code": 400}))
+            cls.loaded[body["lora_name"]] = body["lora_path"]
+            return self._reply(200, f"Success: LoRA adapter '{body['lora_name']}' added successfully.", "text/plain")
+        if body["messages"][0]["content"] == "fail":
+            return self._reply(400, json.dumps({"message": "bad request"}))
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+        threading.Event().wait(0.2)
+        with cls.lock:
+            cls.in_flight -= 1
+        self._reply(200, json.dumps({"choices": [{"message": {"content": f"seed {body['seed']} model {body['model']}"},
+                                                  "finish_reason": "stop"}]}))
+
+
+@pytest.fixture()
+def batching():
+    _Batching.in_flight = _Batching.most = 0
+    _Batching.bodies, _Batching.loaded = [], {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Batching)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_backend_keeps_requests_in_flight_and_the_answers_in_order(batching):
+    """``concurrency``: up to that many conversations' requests at once (a batching server answers them together),
+    each answer where its conversation is and seeded as one at a time would be; the first error stops the rest."""
+    convs = [[{"role": "user", "content": f"board {i}"}] for i in range(12)]
+    seen = []
+    out = OpenAIBackend(batching, "m", api_key_env="", concurrency=4).generate(convs, 1, PARAMS, on_progress=seen.append)
+    assert [[g.text for g in gens] for gens in out] == [[f"seed {7 + i} model m"] for i in range(12)]
+    assert 1 < _Batching.most <= 4 and sum(seen) == 12
+    one_at_a_time = OpenAIBackend(batching, "m", api_key_env="").generate(convs[:3], 2, PARAMS)
+    assert [[g.seed for g in gens] for gens in one_at_a_time] == [[7, 8], [9, 10], [11, 12]]
+    with pytest.raises(BackendError, match="HTTP 400"):
+        OpenAIBackend(batching, "m", api_key_env="", concurrency=4, max_retries=0).generate(
+            convs[:6] + [[{"role": "user", "content": "fail"}]] + convs[6:], 1, PARAMS)
+    with pytest.raises(ValueError, match="concurrency"):
+        OpenAIBackend(batching, "m", concurrency=0)
+
+
+def test_openai_backend_counts_tokens_with_the_served_models_tokenizer(tiny_backend, tiny_model_dir, capsys):
+    """Budgets as the other backends give them: the local model's tokenizer; without one, bytes (an upper bound)."""
+    text = "Agent 1: UP RIGHT WAIT"
+    counted = OpenAIBackend("http://127.0.0.1:9/v1", "m", api_key_env="", tokenizer=str(tiny_model_dir))
+    assert counted.count_tokens(text) == tiny_backend.count_tokens(text) < len(text)
+    bytewise = OpenAIBackend("http://127.0.0.1:9/v1", "m", api_key_env="", tokenizer="no-org/no-model")
+    assert bytewise.count_tokens(text) == len(text) and "counted in UTF-8 bytes" in capsys.readouterr().err
+
+
+def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_name(batching, tmp_path):
+    """With ``adapter``, the server loads it at runtime (vLLM's ``/v1/load_lora_adapter``) under a name made of its
+    content hash, and every request names it as the model; an adapter the server holds already is simply used."""
+    from policy.models import adapter_hash
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    name = f"adapter-{adapter_hash(adapter)}"
+    backend = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)
+    assert _Batching.loaded == {name: str(adapter.resolve())} and backend.model_id == name
+    assert backend.adapter_hash == adapter_hash(adapter)
+    assert backend.generate(CONVS[:1], 1, PARAMS)[0][0].text == f"seed 7 model {name}"
+    again = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)  # 400 "already been loaded": fine
+    assert again.model_id == name and len(_Batching.loaded) == 1
+    with pytest.raises(BackendError, match="--enable-lora"):  # a server that cannot load adapters says so
+        OpenAIBackend("http://127.0.0.1:9/v1", "embedded", api_key_env="", adapter=adapter, max_retries=0)
+
+
 def test_openai_backend_against_the_real_server(tiny_backend, served):
     url = served()
     client = OpenAIBackend(url, "tiny", api_key_env="")
