@@ -1,5 +1,8 @@
 """``env-engineer serve``: an OpenAI-compatible HTTP server for a model (+ LoRA adapter), on FastAPI and uvicorn.
 
+With ``--adapters-from DIR`` clients load adapters under ``DIR`` at runtime (``POST /v1/load_lora_adapter``, vLLM's
+endpoint; :mod:`policy.serve_adapters`) and ask for them as their model: one warm server for every rollout.
+
 Endpoints: ``GET /v1/models``, ``GET /health``, ``POST /v1/chat/completions`` (non-streaming; ``messages``, ``n``,
 ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``, and ``response_format`` with a JSON schema, honoured
 by constrained decoding; 400 where the backend cannot constrain, e.g. xgrammar not installed).
@@ -26,11 +29,13 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from policy.backends import Backend, ConstrainedDecodingUnavailable, SamplingParams
+from policy.serve_adapters import AdapterError, AdapterShelf
 
 
 @dataclass(frozen=True)
@@ -206,11 +211,14 @@ LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
 
 def make_app(backend: Backend, served_name: str | None = None, api_key: str | None = None,
-             limits: ServeLimits = ServeLimits(), host: str = "127.0.0.1") -> Any:
+             limits: ServeLimits = ServeLimits(), host: str = "127.0.0.1", adapters: AdapterShelf | None = None) -> Any:
     """The FastAPI application serving ``backend``. Without ``api_key`` it answers only requests addressed (``Host``)
     to a loopback name or to ``host``: a web page in the user's browser can then neither reach it by a DNS name that
-    points at this machine (DNS rebinding) nor, since a request must be JSON, post to it across sites."""
+    points at this machine (DNS rebinding) nor, since a request must be JSON, post to it across sites. With
+    ``adapters``, ``POST /v1/load_lora_adapter`` loads an adapter by name, and a request whose ``model`` names it is
+    answered by it (any other name by ``backend``)."""
     from fastapi import FastAPI, Request
+    from fastapi.responses import PlainTextResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     name = served_name or backend.model_id
@@ -259,7 +267,35 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
         if not authorised(request):
             return _error(401, "missing or wrong API key (or, without one, a Host that is not this machine's)",
                           "authentication_error")
-        return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "env-engineer"}]}
+        served = [name, *(adapters.names() if adapters else [])]
+        return {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "env-engineer"} for n in served]}
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_adapter(request: Request) -> Any:
+        if not authorised(request):
+            return _error(401, "missing or wrong API key (or, without one, a Host that is not this machine's)",
+                          "authentication_error")
+        if adapters is None:
+            return _error(400, "loading adapters at runtime is off: start env-engineer serve with --adapters-from DIR")
+        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+            return _error(415, "send the request as Content-Type: application/json")
+        try:
+            try:
+                body = json.loads(await read_body(request) or b"null")
+            except (ValueError, RecursionError):
+                raise RequestError("the body is not JSON") from None
+            if not isinstance(body, dict):
+                raise RequestError("the body must be an object with lora_name and lora_path")
+            folder = adapters.check(body.get("lora_name"), body.get("lora_path"))
+        except RequestError as e:
+            return _error(e.status, str(e), "invalid_request_error", e.param)
+        except AdapterError as e:
+            return _error(400, str(e))
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, adapters.load, body["lora_name"], folder)
+        except Exception as e:  # noqa: BLE001 - an adapter that does not load is the client's to fix, said in one line
+            return _error(400, f"lora_path: the adapter did not load: {type(e).__name__}: {str(e)[:200]}")
+        return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     async def read_body(request: Request) -> bytes:
         """The body, at most ``max_body_bytes`` of it, within ``read_timeout_s`` (a body announced longer than it is,
@@ -310,13 +346,18 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
             except (ValueError, RecursionError):
                 raise RequestError("the body is not JSON") from None
             messages, n, params = parse_request(body, limits)
-            counter = getattr(backend, "prompt_tokens", None)
+            asked = body.get("model") if isinstance(body, dict) else None
+            if adapters is not None and isinstance(asked, str):  # an adapter dropped since is loaded again: not here
+                chosen = await loop.run_in_executor(None, adapters.get, asked) or backend
+            else:
+                chosen = backend
+            counter = getattr(chosen, "prompt_tokens", None)
             if counter is not None:  # tokenizing a long prompt takes a while: not on the event loop
                 length = await loop.run_in_executor(None, counter, messages)
                 if length > limits.max_prompt_tokens:
                     raise RequestError(f"messages: the prompt takes {length:,} tokens; at most {limits.max_prompt_tokens:,}",
                                        "messages")
-            compile_schema = getattr(backend, "compile_schema", None)
+            compile_schema = getattr(chosen, "compile_schema", None)
             if params.json_schema is not None and compile_schema is not None:
                 await compile_outside_the_lock(compile_schema, params.json_schema)
         except ClientDisconnect:  # it left while sending its body: nobody to answer
@@ -325,6 +366,8 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
             return _error(400, f"response_format: {e}", "invalid_request_error", "response_format")
         except RequestError as e:
             return _error(e.status, str(e), "invalid_request_error", e.param)
+        except AdapterError as e:
+            return _error(400, str(e), "invalid_request_error", "model")
         full = busy()
         if full is not None:
             return full
@@ -336,11 +379,12 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
         try:
             if await request.is_disconnected():  # it left while waiting: nothing to generate
                 return _error(499, "the client left before its turn", "cancelled")
-            return await generate(request, messages, n, params)
+            return await generate(request, chosen, asked if chosen is not backend else name, messages, n, params)
         finally:
             model_lock.release()
 
-    async def generate(request: Request, messages: list[dict[str, str]], n: int, params: SamplingParams) -> Any:
+    async def generate(request: Request, backend: Backend, name: str, messages: list[dict[str, str]], n: int,
+                       params: SamplingParams) -> Any:
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         options = {"cancel": cancel} if "cancel" in inspect.signature(backend.generate).parameters else {}
@@ -467,6 +511,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests waiting for the model beyond which the server answers 429 (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=defaults.timeout_s,
                         help="seconds a generation may run before it is stopped with 504 (default %(default)s)")
+    parser.add_argument("--adapters-from", type=Path, default=None,
+                        help="let clients load LoRA adapters from folders under this one at runtime (POST "
+                             "/v1/load_lora_adapter, as vLLM's server) and ask for them by name (transformers backend)")
+    parser.add_argument("--max-adapters", type=int, default=4,
+                        help="with --adapters-from: adapters kept loaded, the least recently used dropped (default "
+                             "%(default)s; each is a merged copy of the model)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -506,10 +556,18 @@ def run(args: argparse.Namespace) -> int:
     except (ModelNotFoundError, ValueError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    adapters = None
+    if args.adapters_from is not None:
+        if args.backend == "vllm" or not args.adapters_from.is_dir() or args.max_adapters < 1:
+            print(f"error: --adapters-from {args.adapters_from}: give a folder, --max-adapters 1 or more, and the "
+                  "transformers backend (vLLM's own server loads adapters at runtime)", file=sys.stderr)
+            return 2
+        adapters = AdapterShelf(args.adapters_from, lambda folder: TransformersBackend(
+            args.model, str(folder), device=args.device, batch_size=1, threads=args.threads), args.max_adapters)
     import uvicorn
 
     print(f"serving {backend.model_id} on http://{args.host}:{args.port}/v1 (Ctrl-C stops)", flush=True)
-    uvicorn.run(make_app(backend, args.served_name, key, limits, args.host), host=args.host, port=args.port,
+    uvicorn.run(make_app(backend, args.served_name, key, limits, args.host, adapters), host=args.host, port=args.port,
                 log_level="warning", timeout_keep_alive=30, http=header_timeout_protocol(limits.read_timeout_s),
                 h11_max_incomplete_event_size=64 * 1024)
     return 0

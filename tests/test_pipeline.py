@@ -166,3 +166,34 @@ def test_each_stage_is_scored_before_the_next_stage_trains(tmp_path):
         after = order[order.index(f"train@{k}") + 1:]
         assert after[0] == f"evaluate@{k}", order
         assert after.index(f"evaluate@{k}") < after.index(f"engineer-config@{k}")
+
+
+def test_a_stage_answered_through_one_warm_server_matches_its_own_process(reproduced, tiny_model_dir, tmp_path):
+    """The warm-engine path of a comparison: `env-engineer rollout` with the openai backend loads the stage's adapter
+    into a running `env-engineer serve --adapters-from REPO` and gets, answer for answer, what validate@0 got in a
+    process of its own (greedy, the same budgets: counted with the model's own tokenizer)."""
+    import pyarrow.parquet as pq
+
+    from policy.backends import TransformersBackend
+    from policy.serve import RunningServer, make_app
+    from policy.serve_adapters import AdapterShelf
+
+    repo, _ = reproduced
+
+    def make(folder=None):
+        return TransformersBackend(str(tiny_model_dir), folder and str(folder), device="cpu", batch_size=1, threads=1)
+
+    server = RunningServer(make_app(make(), "tiny", adapters=AdapterShelf(repo, make)))
+    out = tmp_path / "served.parquet"
+    try:
+        sh([str(BIN / "env-engineer"), "rollout", "--params", "params.yaml", "--instances",
+            "data/validation/instances.parquet", "--adapter", "data/stages/0/adapter", "--stage", "0", "--out", str(out),
+            "--no-progress", "--set", "rollout.backend=openai", "--set", f"rollout.base_url={server.url}",
+            "--set", "rollout.api_key_env=null", "--set", "rollout.concurrency=4"], repo)
+    finally:
+        server.stop()
+    served, local = pq.read_table(out).to_pylist(), pq.read_table(repo / "data/stages/0/validation.parquet").to_pylist()
+    assert len(served) == len(local) > 0
+    assert [r["token_budget"] for r in served] == [r["token_budget"] for r in local]
+    assert [r["completion"] for r in served] == [r["completion"] for r in local]
+    assert {r["backend"] for r in served} == {"openai"} and served[0]["adapter_hash"] == local[0]["adapter_hash"]

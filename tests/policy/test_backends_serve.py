@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -328,6 +329,68 @@ def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_nam
     assert again.model_id == name and len(_Batching.loaded) == 1
     with pytest.raises(BackendError, match="--enable-lora"):  # a server that cannot load adapters says so
         OpenAIBackend("http://127.0.0.1:9/v1", "embedded", api_key_env="", adapter=adapter, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_adapters(tiny_model_dir, tmp_path_factory):
+    """Two LoRA adapters of the tiny model whose B matrices are not zero, so that each answers otherwise than the
+    base model, in one folder."""
+    import torch
+
+    from policy.lora import load_trainable, save_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    for k in (1, 2):
+        model, tok = load_trainable(str(tiny_model_dir), r=4, device="cpu", seed=k)
+        torch.manual_seed(k)
+        for param_name, param in model.named_parameters():
+            if "lora_B" in param_name:
+                param.data.normal_(0, 2.0)
+        save_adapter(model, tok, root / f"a{k}", str(tiny_model_dir))
+    return root
+
+
+def test_serve_loads_adapters_at_runtime_and_answers_with_the_one_a_request_names(tiny_backend, tiny_model_dir,
+                                                                                   tiny_adapters, tmp_path):
+    """``--adapters-from``: the openai backend loads a stage's adapter into the warm server (vLLM's endpoint) and
+    gets the answers that adapter gives in a process of its own; one dropped for room is loaded again when asked for;
+    a folder outside the server's is refused; a server without it says how to turn it on."""
+    from policy.serve_adapters import AdapterShelf
+
+    def make(folder):
+        return TransformersBackend(str(tiny_model_dir), str(folder), device="cpu", batch_size=2, threads=1)
+
+    greedy = SamplingParams(max_new_tokens=12, temperature=0.0, seed=7)
+    server = RunningServer(make_app(tiny_backend, "tiny", None, ServeLimits(),
+                                    adapters=AdapterShelf(tiny_adapters, make, capacity=1)))
+    try:
+        answers = {}
+        for k in (1, 2, 1):  # with room for one, a1 is dropped when a2 loads, and loaded again for the third
+            client = OpenAIBackend(server.url, "tiny", api_key_env="", adapter=tiny_adapters / f"a{k}",
+                                   tokenizer=str(tiny_model_dir))
+            answers.setdefault(k, []).append(client.generate(CONVS[:1], 1, greedy)[0][0].text)
+        local = {k: make(tiny_adapters / f"a{k}").generate(CONVS[:1], 1, greedy)[0][0].text for k in (1, 2)}
+        base = OpenAIBackend(server.url, "tiny", api_key_env="").generate(CONVS[:1], 1, greedy)[0][0].text
+        assert answers == {1: [local[1], local[1]], 2: [local[2]]}
+        assert base == tiny_backend.generate(CONVS[:1], 1, greedy)[0][0].text and len({base, local[1], local[2]}) == 3
+        outside = tmp_path / "a3"
+        shutil.copytree(tiny_adapters / "a1", outside)
+        (outside / "extra").write_text("x")  # another content hash: not one the server holds
+        with pytest.raises(BackendError, match="loads adapters from under"):
+            OpenAIBackend(server.url, "tiny", api_key_env="", adapter=outside, max_retries=0)
+        import httpx
+
+        for body in ({"lora_name": "../up", "lora_path": str(tiny_adapters / "a1")}, {"lora_name": "x"}, ["x"]):
+            reply = httpx.post(server.url + "/load_lora_adapter", json=body, trust_env=False)
+            assert reply.status_code == 400 and "lora_" in reply.json()["error"]["message"], reply.text
+    finally:
+        server.stop()
+    plain = RunningServer(make_app(tiny_backend, "tiny"))
+    try:
+        with pytest.raises(BackendError, match="--adapters-from"):
+            OpenAIBackend(plain.url, "tiny", api_key_env="", adapter=tiny_adapters / "a1", max_retries=0)
+    finally:
+        plain.stop()
 
 
 def test_openai_backend_against_the_real_server(tiny_backend, served):
