@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, (help_text, module, add_args, run) in commands().items():
         p = sub.add_parser(name, help=help_text, description=help_text.replace("%%", "%"))  # help is %-formatted, description not
         getattr(module, add_args)(p)
-        p.set_defaults(handler=getattr(module, run))
+        p.set_defaults(handler=getattr(module, run), commands=commands)  # the table, for `reference` to document
     return parser
 
 

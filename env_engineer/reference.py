@@ -110,14 +110,14 @@ def datasets_page() -> str:
     return "\n".join(lines)
 
 
-def commands_page() -> str:
-    from env_engineer.cli import commands
+def commands_page(commands: dict[str, tuple[str, Any, str, str]]) -> str:
+    """The commands page from the command table (``env_engineer.cli.commands()``, which the CLI hands over)."""
     from pipeline.params import ENGINEER_LINES
 
     lines = [HEADER + "# Commands", "", "`env-engineer COMMAND --help` prints each of these.", "",
              "## Engineers", "", "| engineer | what it does |", "|---|---|",
              *[f"| `{k}` | {_cell(v)} |" for k, v in ENGINEER_LINES.items()], ""]
-    for name, (help_text, module, add_args, _) in commands().items():
+    for name, (help_text, module, add_args, _) in commands.items():
         command = argparse.ArgumentParser(prog=f"env-engineer {name}", description=help_text.replace("%%", "%"),
                                           formatter_class=lambda prog: argparse.HelpFormatter(prog, width=110))
         getattr(module, add_args)(command)
@@ -125,9 +125,10 @@ def commands_page() -> str:
     return "\n".join(lines)
 
 
-PAGES = {"params.md": params_page, "environment.md": environment_page, "datasets.md": datasets_page,
-         "commands.md": commands_page}
-"""Every page of docs/reference/ and the function that writes it."""
+def pages(commands: dict[str, tuple[str, Any, str, str]]) -> dict[str, str]:
+    """Every page of docs/reference/ and its text."""
+    return {"params.md": params_page(), "environment.md": environment_page(), "datasets.md": datasets_page(),
+            "commands.md": commands_page(commands)}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -140,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
     from envgen.core.files import atomic_write_text
 
     stale = []
-    for name, page in PAGES.items():
-        text = page()
+    written = pages(args.commands())  # the CLI's command table, handed over with the arguments
+    for name, text in written.items():
         path = args.out / name
         if args.check:
             if not path.exists() or path.read_text() != text:
@@ -152,5 +153,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {', '.join(stale)} differ from the code; run `env-engineer reference --out {args.out}`",
               file=sys.stderr)
         return 1
-    print(f"{'checked' if args.check else 'wrote'} {', '.join(PAGES)} in {args.out}")
+    print(f"{'checked' if args.check else 'wrote'} {', '.join(written)} in {args.out}")
     return 0
