@@ -62,7 +62,10 @@ class OpenAIBackend:
             raise ValueError(f"concurrency = {concurrency!r}: give the requests in flight at once, 1 to 4096")
         self.base = base_url.rstrip("/")
         self.url = self.base + "/chat/completions"
-        self.model_id = model
+        from policy.models import model_id
+
+        self.model_id = model_id(model)  # what the records name, as the other backends name it
+        self.served_as = model  # the model name requests give: the adapter's, once loaded into the server
         self.adapter_hash = None
         self.api_key_env = api_key_env
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
@@ -87,7 +90,7 @@ class OpenAIBackend:
                 raise BackendError(f"{e}; the server must load LoRA adapters at runtime: start vLLM with "
                                    "--enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and give it read access "
                                    f"to {adapter}") from None
-        self.model_id, self.adapter_hash = name, digest
+        self.served_as, self.adapter_hash = name, digest
 
     def _key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
@@ -228,7 +231,7 @@ class OpenAIBackend:
         gens: list[Generation] = []
         while len(gens) < n:  # some endpoints return fewer choices than asked
             seed = first_seed + len(gens)
-            body = {"model": self.model_id, "messages": conversation, "n": n - len(gens),
+            body = {"model": self.served_as, "messages": conversation, "n": n - len(gens),
                     "max_tokens": cap, "temperature": params.temperature, "top_p": params.top_p,
                     "seed": seed, **self.extra_body}
             if params.stop:

@@ -197,3 +197,4 @@ def test_a_stage_answered_through_one_warm_server_matches_its_own_process(reprod
     assert [r["token_budget"] for r in served] == [r["token_budget"] for r in local]
     assert [r["completion"] for r in served] == [r["completion"] for r in local]
     assert {r["backend"] for r in served} == {"openai"} and served[0]["adapter_hash"] == local[0]["adapter_hash"]
+    assert served[0]["model_id"] == local[0]["model_id"]  # the base model, as the local rows name it

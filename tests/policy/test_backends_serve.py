@@ -322,11 +322,12 @@ def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_nam
     (adapter / "adapter_model.safetensors").write_bytes(b"weights")
     name = f"adapter-{adapter_hash(adapter)}"
     backend = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)
-    assert _Batching.loaded == {name: str(adapter.resolve())} and backend.model_id == name
+    assert _Batching.loaded == {name: str(adapter.resolve())} and backend.served_as == name
+    assert backend.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"  # the records name the base model, as locally
     assert backend.adapter_hash == adapter_hash(adapter)
     assert backend.generate(CONVS[:1], 1, PARAMS)[0][0].text == f"seed 7 model {name}"
     again = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)  # 400 "already been loaded": fine
-    assert again.model_id == name and len(_Batching.loaded) == 1
+    assert again.served_as == name and len(_Batching.loaded) == 1
     with pytest.raises(BackendError, match="--enable-lora"):  # a server that cannot load adapters says so
         OpenAIBackend("http://127.0.0.1:9/v1", "embedded", api_key_env="", adapter=adapter, max_retries=0)
 
