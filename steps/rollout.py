@@ -108,7 +108,7 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     ``limit``: only the first instances; ``backend`` may be passed to reuse a loaded model."""
     table = read_instances(instances_path)
     rows_in = [r for r in table.to_pylist() if agents is None or r["num_agents"] in agents][:limit]
-    if not rows_in:
+    if agents is not None and not rows_in:  # a filter that leaves nothing is a settings mistake, not an empty file
         raise ValueError(f"{instances_path}: no instance of {sorted(agents or [])} agents to answer; "
                          "set evaluate.early_agents to agent counts the benchmark has")
     instances = parse_instances([r["instance"] for r in rows_in], instances_path)
