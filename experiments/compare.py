@@ -39,6 +39,7 @@ from envgen.core.files import atomic_write_text
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import comparison_plan
 from experiments.records import aggregate, experiment_records, missing, outcomes, workspace_records
+from experiments import warm_engine
 from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from pipeline.params import ParamsError, load_params, parse_overrides
 
@@ -137,6 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the table, and what ran on what (commit, settings, wall time, GPUs); every benchmark "
                         "answer's outcome goes beside it as NAME.outcomes.parquet")
     parser.add_argument("--out-md", type=Path, default=Path("comparison.md"))
+    warm_engine.add_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,12 +157,16 @@ def run(args: argparse.Namespace) -> int:
         if args.jobs < 1:
             raise ValueError(f"--jobs {args.jobs}: must be at least 1")
         extra = parse_overrides(args.set)
+        engine = warm_engine.from_arguments(args, load_params(args.repo / "params.yaml", extra), extra,
+                                            args.out_json.with_suffix(".serve.log"))
+        extra = {**extra, **engine.overrides()} if engine else extra
         plan = comparison_plan(engineers, seeds, contexts)
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit)
-               if args.run else None)
+        with warm_engine.serving(engine) as ready:
+            ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit, ready)
+                   if args.run else None)
         if args.workspaces:
             records = workspace_records(args.workspaces, stages)
         else:
@@ -171,11 +177,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
                   "started from (`dvc exp list -A` lists all; `dvc queue logs NAME` says why one failed); run them "
                   "with --run", file=sys.stderr)
-    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled) as e:
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled, warm_engine.WarmEngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {"commit": git_commit(args.repo), "engineers": engineers, "seeds": seeds, "contexts": contexts,
-            "set": args.set, "reference": args.reference, "via": args.via, "jobs": args.jobs,
+            "set": args.set, "reference": args.reference, "via": args.via, "jobs": args.jobs, "serve": args.serve,
             "params": load_params(args.repo / "params.yaml", extra).model_dump(mode="json"), **(ran or {})}
     answers = outcomes(args.repo, records, plan, stages)
     if answers is not None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,12 +230,15 @@ def commit_shared(repo: Path, stages: list[StageFiles]) -> list[str]:
 
 
 def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: list[StageFiles], jobs: int = 1,
-             via: str = "dvc-queue", deployment: str = "curriculum/curriculum", commit: bool = True) -> dict[str, Any]:
+             via: str = "dvc-queue", deployment: str = "curriculum/curriculum", commit: bool = True,
+             ready: Callable[[], float] | None = None) -> dict[str, Any]:
     """Run a study's unfinished experiments: the stages no experiment changes once in the workspace
     (:func:`experiments.plan.seed_free_stages`) and, with ``commit``, what they changed committed
     (:func:`commit_shared`), then the plan wave by wave (:func:`experiments.plan.waves`) through DVC's queue with
     ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a last-stage result
-    is kept, not run again. Returns what ran on what: wall seconds, the GPUs (kind, count) and how busy they were."""
+    is kept, not run again. ``ready`` (a warm engine's, :mod:`experiments.warm_engine`) is waited for after the
+    workspace's stages, before the first wave. Returns what ran on what: wall seconds, the GPUs (kind, count), how busy
+    they were, and when a warm engine was waited for, how long after its start it answered."""
     from experiments.machine import BusySampler, describe_gpus
     from experiments.records import experiment_records, last_stage_result
 
@@ -251,6 +255,7 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
                 commit_shared(repo, [s for s in stages if s.name in common])
         for line in unrestorable(stages):
             print(f"warning: {line}", file=sys.stderr, flush=True)
+        engine_up_s = ready() if ready is not None else None
         for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
             wave_began = time.monotonic()
             print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
@@ -269,7 +274,8 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
                     dvc(["exp", "remove", *scaffolding], repo)
                 except DvcError as e:
                     print(f"warning: could not remove {', '.join(scaffolding)}: {e}", file=sys.stderr, flush=True)
-    return {"wall_s": round(time.monotonic() - began, 1), "gpus": describe_gpus(), "gpu_busy": busy.summary()}
+    return {"wall_s": round(time.monotonic() - began, 1), "gpus": describe_gpus(), "gpu_busy": busy.summary(),
+            **({"warm_engine_up_s": round(engine_up_s, 1)} if engine_up_s is not None else {})}
 
 
 def submit_flow_run(deployment: str, item: Experiment, extra: dict[str, Any], repo: Path | None = None) -> str:

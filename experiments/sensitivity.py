@@ -35,6 +35,7 @@ from envgen.core.files import atomic_write_text
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import sensitivity_plan
 from experiments.records import experiment_records, missing, outcomes
+from experiments import warm_engine
 from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, summarise_rows,
                                              union_outcomes, write_outcomes)
@@ -84,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True,
                         help="summary JSON to write (S.json; S.md and the runs' per-instance outcomes, "
                         "S.outcomes.parquet, beside it)")
+    warm_engine.add_arguments(parser)
 
 
 def add_merge_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,16 +133,19 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--jobs {args.jobs}: give at least 1")
         params_path = args.repo / "params.yaml"
         extra = parse_overrides(args.set)
+        engine = warm_engine.from_arguments(args, load_params(params_path, extra), extra, args.out.with_suffix(".serve.log"))
+        extra = {**extra, **engine.overrides()} if engine else extra
         plan = sensitivity_plan(sequences, seeds)
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(params_path, {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit)
-               if args.run else None)
+        with warm_engine.serving(engine) as ready:
+            ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit, ready)
+                   if args.run else None)
         records = experiment_records(experiments_shown(args.repo))
         absent = missing(records, plan, stages)
         answers = outcomes(args.repo, records, plan, stages)
-    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled) as e:
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled, warm_engine.WarmEngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if absent:
@@ -163,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     from experiments.compare import git_commit
 
     summary["not_run"] = absent
-    summary["settings"] = {"configs": args.configs, "seeds": seeds, "set": args.set, "agents": args.agents,
+    summary["settings"] = {"configs": args.configs, "seeds": seeds, "set": args.set, "agents": args.agents, "serve": args.serve,
                            "commit": git_commit(args.repo),
                            "params": load_params(params_path, extra).model_dump(mode="json"), **(ran or {})}
     atomic_write_text(args.out, json.dumps(summary, indent=2))

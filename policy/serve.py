@@ -295,6 +295,7 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
             await asyncio.get_running_loop().run_in_executor(None, adapters.load, body["lora_name"], folder)
         except Exception as e:  # noqa: BLE001 - an adapter that does not load is the client's to fix, said in one line
             return _error(400, f"lora_path: the adapter did not load: {type(e).__name__}: {str(e)[:200]}")
+        print(f"loaded adapter {body['lora_name']} from {folder}", flush=True)
         return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     async def read_body(request: Request) -> bytes:

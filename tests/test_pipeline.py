@@ -15,6 +15,14 @@ import yaml
 from tests.conftest import BIN, ROOT, sh
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def test_dvc_repro_runs_the_curriculum(reproduced):
     repo, out = reproduced
     for stage in ("start-instances", "starting-policy", "validation-set", "benchmark", "init-curriculum", "generate-instances@0", "train@0", "validate@0", "evaluate@0",
@@ -131,12 +139,19 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
 
 
 def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_stages(reproduced, tmp_path):
-    """`env-engineer compare --run` on the tiny pipeline: DVC's queue runs each engineer's experiment; the stages
+    """`env-engineer compare --run --serve env-engineer` on the tiny pipeline: one warm server answers the rollouts of
+    every experiment, each stage's adapter loaded into it; DVC's queue runs each engineer's experiment; the stages
     before the engineers' first decision are not computed again, and the table comes from `dvc exp show`."""
     repo, _ = reproduced
     out = tmp_path / "c.json"
     proc = sh([str(BIN / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0",
-               "--run", "--jobs", "2", "--out-json", str(out), "--out-md", str(tmp_path / "c.md")], repo)
+               "--run", "--jobs", "2", "--out-json", str(out), "--out-md", str(tmp_path / "c.md"),
+               "--serve", "env-engineer", "--serve-port", str(free_port())], repo)
+    run = json.loads(out.read_text())["run"]
+    assert run["serve"] == "env-engineer" and run["params"]["rollout"]["backend"] == "openai" and run["warm_engine_up_s"] > 0
+    loads = (tmp_path / "c.serve.log").read_text().count("loaded adapter adapter-")
+    # the shared stage 0's adapter once (validate@0 loads it, evaluate@0 finds it loaded), then each experiment's stage 1
+    assert loads == 3, loads
     table = json.loads(out.read_text())["arms"]
     assert set(table) == {"fixed", "heuristic"} and all(row["seeds"] == [0] for row in table.values())
     assert {"acc/3_agents", "val/valid"} <= set(table["fixed"]["metrics"]), proc.stdout

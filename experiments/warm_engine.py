@@ -1,0 +1,222 @@
+"""One warm generation engine for every experiment of a study (``env-engineer compare --run --serve KIND``).
+
+Without it each ``validate@k`` and ``evaluate@k`` of every experiment loads the model (and, on a GPU, compiles its
+decode step) in a process of its own. With it the study starts one OpenAI-compatible server before its first stage,
+points every experiment's rollouts at it (``rollout.backend: openai``; each stage's adapter is loaded into the server
+at runtime under its content hash, :mod:`policy.openai_backend`) and stops it when the study ends, however it ends.
+
+Servers (:data:`SERVERS`): ``vllm`` (``vllm serve`` with runtime LoRA loading, this Python environment's or else
+PATH's) batches the requests of all experiments on one GPU; ``env-engineer`` (``env-engineer serve --adapters-from
+REPO``) answers them one at a time with the transformers backend, on any machine. The server's output goes to a log file,
+whose end is quoted when the server does not come up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+"""The LoRA ranks vLLM's ``--max-lora-rank`` accepts."""
+
+
+SETS = ("rollout.backend", "rollout.base_url", "rollout.api_key_env", "rollout.concurrency")
+"""The settings a warm engine gives every experiment (:meth:`WarmEngine.overrides`)."""
+
+
+class WarmEngineError(RuntimeError):
+    """The server did not start or did not come up in time; the message quotes its log."""
+
+
+@dataclass(frozen=True)
+class WarmEngine:
+    """A generation server for one study. ``model``: ``policy.model`` (requests name it; the server is told to serve
+    it under that name); ``folder``: where its weights are; ``lora_rank``: the largest adapter rank it must take;
+    ``adapters``: adapters it keeps ready at once (about the experiments running at once); ``gpu_memory``: vLLM's
+    share of the GPU (the rest is the experiments' training); ``start_s``: how long it may take to come up."""
+
+    kind: str
+    model: str
+    folder: Path
+    repo: Path
+    log: Path
+    lora_rank: int = 64
+    adapters: int = 8
+    gpu_memory: float = 0.3
+    port: int = 8000
+    concurrency: int = 256
+    start_s: float = 600.0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def command(self) -> list[str]:
+        """The server's command line."""
+        return SERVERS[self.kind][1](self)
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings every experiment runs with so that its rollouts are answered by this server."""
+        return dict(zip(SETS, ("openai", self.base_url, None, self.concurrency)))
+
+
+def _vllm(engine: WarmEngine) -> list[str]:
+    rank = next((r for r in VLLM_LORA_RANKS if r >= engine.lora_rank), engine.lora_rank)
+    beside = Path(sys.executable).parent / "vllm"  # this environment's vLLM first, then PATH's
+    return [str(beside) if beside.exists() else "vllm", "serve", str(engine.folder), "--served-model-name", engine.model, "--enable-lora",
+            "--max-lora-rank", str(rank), "--max-loras", str(engine.adapters),
+            "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port)]
+
+
+def _env_engineer(engine: WarmEngine) -> list[str]:
+    return [sys.executable, "-m", "env_engineer", "serve", "--model", engine.model, "--served-name", engine.model,
+            "--adapters-from", str(engine.repo.resolve()), "--max-adapters", str(engine.adapters),
+            "--host", "127.0.0.1", "--port", str(engine.port)]
+
+
+SERVERS: dict[str, tuple[str, Callable[[WarmEngine], list[str]]]] = {
+    "vllm": ("vLLM's OpenAI-compatible server on a GPU, adapters loaded at runtime (requests of all experiments "
+             "batched together)", _vllm),
+    "env-engineer": ("`env-engineer serve --adapters-from REPO` (transformers backend, one request at a time; any "
+                     "machine)", _env_engineer),
+}
+"""Warm servers by name: a sentence for the help text and the command line."""
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (a server already there would answer in this one's place)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+class Serving:
+    """``with Serving(engine) as ready:`` starts the server; ``ready()`` waits until it answers (so the study's first
+    stages, which need no server, run while it starts); leaving the block stops it (SIGTERM, then SIGKILL)."""
+
+    def __init__(self, engine: WarmEngine, poll_s: float = 1.0) -> None:
+        self.engine, self.poll_s = engine, poll_s
+        self.process: subprocess.Popen | None = None
+        self.began = 0.0
+
+    def __enter__(self) -> Callable[[], float]:
+        e = self.engine
+        if not port_free(e.port):
+            raise WarmEngineError(f"--serve-port {e.port}: something already listens there; stop it or give another port")
+        e.log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        with open(e.log, "ab") as log:
+            try:
+                self.process = subprocess.Popen(e.command(), stdout=log, stderr=subprocess.STDOUT, cwd=e.repo, env=env,
+                                                start_new_session=True)
+            except OSError as err:
+                raise WarmEngineError(f"--serve {e.kind}: could not start `{e.command()[0]}` ({err}); "
+                                      + ("install vLLM (the gpu extra)" if e.kind == "vllm" else "")) from None
+        self.began = time.monotonic()
+        print(f"{time.strftime('%H:%M:%S')} warm engine: {e.kind} starting on {e.base_url} (log {e.log})", flush=True)
+        return self.ready
+
+    def ready(self) -> float:
+        """Wait until the server answers ``/health``; the seconds since it was started."""
+        e, process = self.engine, self.process
+        health = e.base_url.removesuffix("/v1") + "/health"
+        while True:
+            if process is not None and process.poll() is not None:
+                raise WarmEngineError(f"--serve {e.kind}: the server exited ({process.returncode}) before it answered; "
+                                      f"the end of {e.log}:\n{_tail(e.log)}")
+            try:
+                with urllib.request.urlopen(health, timeout=5) as r:
+                    if r.status == 200:
+                        waited = time.monotonic() - self.began
+                        print(f"{time.strftime('%H:%M:%S')} warm engine: up after {waited:.0f} s", flush=True)
+                        return waited
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() - self.began > e.start_s:
+                raise WarmEngineError(f"--serve {e.kind}: no answer on {health} within {e.start_s:.0f} s "
+                                      f"(--serve-start-s); the end of {e.log}:\n{_tail(e.log)}")
+            time.sleep(self.poll_s)
+
+    def __exit__(self, *exc: object) -> None:
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                process.wait(timeout=wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def add_arguments(parser: Any) -> None:
+    """``--serve`` and its settings, for the commands that run studies (``compare``, ``sensitivity``)."""
+    parser.add_argument("--serve", choices=sorted(SERVERS), default=None,
+                        help="with --run: answer every experiment's rollouts with one warm server started for the "
+                             "study and stopped after it: " + "; ".join(f"'{k}': {v[0]}" for k, v in SERVERS.items()))
+    parser.add_argument("--serve-port", type=int, default=8000, help="the warm server's port on 127.0.0.1 (default %(default)s)")
+    parser.add_argument("--serve-gpu-memory", type=float, default=0.3,
+                        help="vllm: the share of the GPU's memory the server takes; the experiments' training passes "
+                             "share the rest (default %(default)s)")
+    parser.add_argument("--serve-concurrency", type=int, default=256,
+                        help="requests each rollout keeps in flight (rollout.concurrency; default %(default)s)")
+    parser.add_argument("--serve-start-s", type=float, default=600.0,
+                        help="how long the server may take to answer before the study stops (default %(default)s)")
+
+
+def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> WarmEngine | None:
+    """The warm engine ``--serve`` asks for (None without it), checked: it runs with ``--run`` only, its port is a
+    port, and no ``--set`` gives the rollout settings it sets."""
+    if args.serve is None:
+        return None
+    problems = []
+    if not args.run:
+        problems.append("--serve needs --run (it serves the experiments this command runs)")
+    if not 1 <= args.serve_port <= 65535:
+        problems.append(f"--serve-port {args.serve_port}: give a port from 1 to 65535")
+    if not 0 < args.serve_gpu_memory < 1:
+        problems.append(f"--serve-gpu-memory {args.serve_gpu_memory}: give a share between 0 and 1")
+    if not 1 <= args.serve_concurrency <= 4096:
+        problems.append(f"--serve-concurrency {args.serve_concurrency}: give 1 to 4096")
+    if not args.serve_start_s > 0:
+        problems.append(f"--serve-start-s {args.serve_start_s}: give a positive number of seconds")
+    clash = [key for key in SETS if key in extra]
+    if clash:
+        problems.append(f"--serve sets {', '.join(clash)} itself; leave out --set {clash[0]}=...")
+    if problems:
+        raise ValueError("; ".join(problems))
+    from policy.models import resolve_model
+
+    folder = resolve_model(params.policy.model) if args.serve == "vllm" else Path(params.policy.model)
+    return WarmEngine(args.serve, params.policy.model, folder, args.repo, log,
+                      lora_rank=max(params.train.lora_r, params.start.train.lora_r), adapters=max(1, args.jobs),
+                      gpu_memory=args.serve_gpu_memory, port=args.serve_port, concurrency=args.serve_concurrency,
+                      start_s=args.serve_start_s)
+
+
+def serving(engine: WarmEngine | None) -> Any:
+    """``with serving(engine) as ready:``: :class:`Serving` for an engine; for None, nothing started and ``ready``
+    None."""
+    import contextlib
+
+    return Serving(engine) if engine is not None else contextlib.nullcontext(None)

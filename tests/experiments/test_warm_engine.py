@@ -1,0 +1,101 @@
+"""The warm engine a study starts for its experiments' rollouts (experiments/warm_engine.py); the whole path, a
+comparison of the real pipeline served by one `env-engineer serve`, is in tests/test_pipeline.py."""
+
+import argparse
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from experiments import warm_engine
+from experiments.warm_engine import SERVERS, Serving, WarmEngine, WarmEngineError, from_arguments
+from pipeline.params import load_params
+from tests.conftest import ROOT
+
+
+def args(*words: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", action="store_true")
+    parser.add_argument("--jobs", type=int, default=3)
+    parser.add_argument("--repo", type=Path, default=ROOT)
+    warm_engine.add_arguments(parser)
+    return parser.parse_args(list(words))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_server_has_a_help_sentence_and_a_command():
+    engine = WarmEngine("vllm", "embedded", Path("/models/m"), ROOT, Path("log"), lora_rank=48, adapters=24, port=8123)
+    for kind, (sentence, command) in SERVERS.items():
+        assert sentence and command(WarmEngine(kind, "embedded", Path("/models/m"), ROOT, Path("log")))
+    words = engine.command()
+    assert Path(words[0]).name == "vllm" and words[1:3] == ["serve", "/models/m"]
+    assert words[words.index("--max-lora-rank") + 1] == "64"  # the next rank vLLM accepts
+    assert words[words.index("--served-model-name") + 1] == "embedded"  # what the rollouts' requests name
+    assert words[words.index("--max-loras") + 1] == "24" and words[words.index("--port") + 1] == "8123"
+    assert engine.overrides() == {"rollout.backend": "openai", "rollout.base_url": "http://127.0.0.1:8123/v1",
+                                  "rollout.api_key_env": None, "rollout.concurrency": 256}
+
+
+def test_the_served_settings_are_checked_before_anything_starts():
+    params = load_params(ROOT / "presets" / "gpu-distill.yaml")
+    assert from_arguments(args(), params, {}, Path("log")) is None
+    engine = from_arguments(args("--run", "--serve", "env-engineer"), params, {}, Path("log"))
+    assert engine.kind == "env-engineer" and engine.adapters == 3 and engine.lora_rank == 64
+    for words, needle in ((("--serve", "vllm"), "--serve needs --run"),
+                          (("--run", "--serve", "vllm", "--serve-port", "0"), "--serve-port 0"),
+                          (("--run", "--serve", "vllm", "--serve-gpu-memory", "1.5"), "--serve-gpu-memory 1.5"),
+                          (("--run", "--serve", "vllm", "--serve-start-s", "0"), "--serve-start-s 0")):
+        with pytest.raises(ValueError, match=needle):
+            from_arguments(args(*words), params, {}, Path("log"))
+    with pytest.raises(ValueError, match="leave out --set rollout.backend"):
+        from_arguments(args("--run", "--serve", "env-engineer"), params, {"rollout.backend": "transformers"}, Path("log"))
+
+
+def test_a_port_already_taken_is_refused(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        engine = WarmEngine("env-engineer", "embedded", Path("embedded"), tmp_path, tmp_path / "s.log",
+                            port=s.getsockname()[1])
+        with pytest.raises(WarmEngineError, match="already listens"):
+            with Serving(engine):
+                pass
+
+
+def test_a_server_that_exits_is_reported_with_the_end_of_its_log(tmp_path):
+    engine = WarmEngine("env-engineer", str(tmp_path / "no-such-model"), tmp_path / "no-such-model", tmp_path,
+                        tmp_path / "s.log", port=free_port(), start_s=120)
+    with pytest.raises(WarmEngineError, match=r"exited \(2\)[\s\S]*no-such-model"):
+        with Serving(engine, poll_s=0.2) as ready:
+            ready()
+
+
+def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, tiny_model_dir):
+    engine = WarmEngine("env-engineer", str(tiny_model_dir), tiny_model_dir, tmp_path, tmp_path / "s.log",
+                        port=free_port(), start_s=0.5)
+    serving = Serving(engine, poll_s=0.1)
+    with pytest.raises(WarmEngineError, match="within 0 s"):
+        with serving as ready:
+            ready()
+    assert serving.process.poll() is not None  # stopped when the study stopped
+
+
+def test_a_served_study_waits_for_the_server_and_stops_it(tmp_path, tiny_model_dir):
+    engine = WarmEngine("env-engineer", str(tiny_model_dir), tiny_model_dir, tmp_path, tmp_path / "s.log",
+                        port=free_port(), start_s=300)
+    serving = Serving(engine, poll_s=0.2)
+    with serving as ready:
+        assert ready() > 0
+        import urllib.request
+
+        with urllib.request.urlopen(engine.base_url + "/models", timeout=10) as r:
+            assert str(tiny_model_dir) in r.read().decode()
+    time.sleep(0.1)
+    assert serving.process.poll() is not None
+    assert warm_engine.port_free(engine.port)
