@@ -75,7 +75,8 @@ def _vllm(engine: WarmEngine) -> list[str]:
     beside = Path(sys.executable).parent / "vllm"  # this environment's vLLM first, then PATH's
     return [str(beside) if beside.exists() else "vllm", "serve", str(engine.folder), "--served-model-name", engine.model, "--enable-lora",
             "--max-lora-rank", str(rank), "--max-loras", str(engine.adapters),
-            "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port)]
+            "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port),
+            "--disable-uvicorn-access-log"]  # a line per request of every experiment otherwise
 
 
 def _env_engineer(engine: WarmEngine) -> list[str]:
@@ -99,9 +100,12 @@ def port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _tail(path: Path, chars: int = 2000) -> str:
+def _tail(path: Path, size: int = 2000) -> str:
+    """The last ``size`` bytes of the server's log (which grows with the study), as text."""
     try:
-        return path.read_text(errors="replace")[-chars:]
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - size))
+            return f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
 
@@ -114,6 +118,7 @@ class Serving:
         self.engine, self.poll_s = engine, poll_s
         self.process: subprocess.Popen | None = None
         self.began = 0.0
+        self.answered = False
 
     def __enter__(self) -> Callable[[], float]:
         e = self.engine
@@ -143,6 +148,7 @@ class Serving:
             try:
                 with urllib.request.urlopen(health, timeout=5) as r:
                     if r.status == 200:
+                        self.answered = True
                         waited = time.monotonic() - self.began
                         print(f"{time.strftime('%H:%M:%S')} warm engine: up after {waited:.0f} s", flush=True)
                         return waited
@@ -155,7 +161,12 @@ class Serving:
 
     def __exit__(self, *exc: object) -> None:
         process = self.process
-        if process is None or process.poll() is not None:
+        if process is None:
+            return
+        if process.poll() is not None:
+            if self.answered:  # it died while the study ran: the experiments' rollouts after it failed
+                print(f"warning: the warm engine exited ({process.returncode}) during the study; the end of "
+                      f"{self.engine.log}:\n{_tail(self.engine.log)}", file=sys.stderr, flush=True)
             return
         for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
             try:

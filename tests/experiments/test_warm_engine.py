@@ -99,3 +99,23 @@ def test_a_served_study_waits_for_the_server_and_stops_it(tmp_path, tiny_model_d
     time.sleep(0.1)
     assert serving.process.poll() is not None
     assert warm_engine.port_free(engine.port)
+
+
+def test_a_server_that_dies_during_the_study_is_reported(tmp_path, tiny_model_dir, capsys):
+    import os
+    import signal
+
+    engine = WarmEngine("env-engineer", str(tiny_model_dir), tiny_model_dir, tmp_path, tmp_path / "s.log",
+                        port=free_port(), start_s=300)
+    with Serving(engine, poll_s=0.2) as ready:
+        ready()
+        os.killpg(ready.__self__.process.pid, signal.SIGKILL)
+        ready.__self__.process.wait(timeout=30)
+    assert "the warm engine exited (-9) during the study" in capsys.readouterr().err
+
+
+def test_only_the_end_of_a_long_log_is_quoted(tmp_path):
+    log = tmp_path / "s.log"
+    log.write_text("x" * 100_000 + "the last line\n")
+    assert warm_engine._tail(log, 50).endswith("the last line\n") and len(warm_engine._tail(log, 50)) == 50
+    assert warm_engine._tail(tmp_path / "none.log") == "(no log)"
