@@ -3,7 +3,7 @@
 Without it each ``validate@k`` and ``evaluate@k`` of every experiment loads the model (and, on a GPU, compiles its
 decode step) in a process of its own. With it the study starts one OpenAI-compatible server before its first stage,
 points every experiment's rollouts at it (``rollout.backend: openai``; each stage's adapter is loaded into the server
-at runtime under its content hash, :mod:`policy.openai_backend`) and stops it when the study ends, however it ends.
+at runtime under its content hash and folder, :mod:`policy.openai_backend`) and stops it when the study ends, however it ends.
 
 Servers (:data:`SERVERS`): ``vllm`` (``vllm serve`` with runtime LoRA loading, this Python environment's or else
 PATH's) batches the requests of all experiments on one GPU; ``env-engineer`` (``env-engineer serve --adapters-from

@@ -28,8 +28,8 @@ class OpenAIBackend:
         concurrency: requests in flight at once (one conversation each), so that a server that batches what it
             receives, as vLLM does, answers many at a time; the answers keep the conversations' order and seeds.
         adapter: a PEFT adapter folder the server can read, loaded into it at runtime under a name made of its
-            content hash (vLLM's ``POST /v1/load_lora_adapter``, with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and
-            ``--enable-lora``); the requests then name it as their model. An adapter the server already holds is
+            content hash and folder (vLLM's ``POST /v1/load_lora_adapter``, with
+            ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``); the requests then name it as their model. An adapter the server already holds is
             used as it is.
         tokenizer: a local model (``policy.model``) whose tokenizer counts an answer's tokens, the served model's own,
             so that token budgets are the ones the other backends give; None, or one that cannot be loaded here
@@ -76,15 +76,19 @@ class OpenAIBackend:
             self._load_adapter(Path(adapter))
 
     def _load_adapter(self, adapter: Path) -> None:
-        """Load ``adapter`` into the server under ``adapter-<content hash>`` (vLLM's runtime LoRA loading) and ask
-        for it by that name from now on."""
+        """Load ``adapter`` into the server under ``adapter-<content hash>-<folder>`` (vLLM's runtime LoRA loading)
+        and ask for it by that name from now on. The folder's part (8 hex digits of its path's SHA-256) keeps the
+        same weights in two experiments' folders apart: the server may drop an adapter and load it again from the
+        path it was given, and an experiment's folder goes when the experiment ends."""
+        import hashlib
+
         from policy.models import adapter_hash
 
-        digest = adapter_hash(adapter)
-        name = f"adapter-{digest}"
+        digest, folder = adapter_hash(adapter), str(adapter.resolve())
+        name = f"adapter-{digest}-{hashlib.sha256(folder.encode()).hexdigest()[:8]}"
         url = self.base + "/load_lora_adapter"
         try:
-            self._request(url, {"lora_name": name, "lora_path": str(adapter.resolve())})
+            self._request(url, {"lora_name": name, "lora_path": folder})
         except BackendError as e:
             if "already" not in str(e):  # vLLM: "The lora adapter '...' has already been loaded."
                 raise BackendError(f"{e}; the server must load LoRA adapters at runtime: start vLLM with "

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-"""An adapter's name as clients give it (``adapter-<content hash>`` from the openai backend)."""
+"""An adapter's name as clients give it (``adapter-<content hash>-<folder>`` from the openai backend)."""
 
 
 class AdapterError(ValueError):

@@ -320,7 +320,9 @@ def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_nam
     adapter.mkdir()
     (adapter / "adapter_config.json").write_text('{"r": 8}')
     (adapter / "adapter_model.safetensors").write_bytes(b"weights")
-    name = f"adapter-{adapter_hash(adapter)}"
+    import hashlib
+
+    name = f"adapter-{adapter_hash(adapter)}-{hashlib.sha256(str(adapter.resolve()).encode()).hexdigest()[:8]}"
     backend = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)
     assert _Batching.loaded == {name: str(adapter.resolve())} and backend.served_as == name
     assert backend.model_id == "HuggingFaceTB/SmolLM2-135M-Instruct"  # the records name the base model, as locally
@@ -328,6 +330,11 @@ def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_nam
     assert backend.generate(CONVS[:1], 1, PARAMS)[0][0].text == f"seed 7 model {name}"
     again = OpenAIBackend(batching, "embedded", api_key_env="", adapter=adapter)  # 400 "already been loaded": fine
     assert again.served_as == name and len(_Batching.loaded) == 1
+    copy = tmp_path / "elsewhere"  # the same weights in another experiment's folder: loaded from there, apart
+    shutil.copytree(adapter, copy)
+    other = OpenAIBackend(batching, "embedded", api_key_env="", adapter=copy)
+    assert other.adapter_hash == backend.adapter_hash and other.served_as != name
+    assert _Batching.loaded[other.served_as] == str(copy.resolve())
     with pytest.raises(BackendError, match="--enable-lora"):  # a server that cannot load adapters says so
         OpenAIBackend("http://127.0.0.1:9/v1", "embedded", api_key_env="", adapter=adapter, max_retries=0)
 
