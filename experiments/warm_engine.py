@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -112,13 +113,17 @@ def _tail(path: Path, size: int = 2000) -> str:
 
 class Serving:
     """``with Serving(engine) as ready:`` starts the server; ``ready()`` waits until it answers (so the study's first
-    stages, which need no server, run while it starts); leaving the block stops it (SIGTERM, then SIGKILL)."""
+    stages, which need no server, run while it starts); leaving the block stops it (SIGTERM, then SIGKILL). A server
+    that exits by itself is reported at once, with the end of its log (the study stops at ``ready()`` when it had not
+    answered yet; rollouts after it fail when it had)."""
 
     def __init__(self, engine: WarmEngine, poll_s: float = 1.0) -> None:
         self.engine, self.poll_s = engine, poll_s
         self.process: subprocess.Popen | None = None
         self.began = 0.0
         self.answered = False
+        self._stopping = threading.Event()
+        self._watch: threading.Thread | None = None
 
     def __enter__(self) -> Callable[[], float]:
         e = self.engine
@@ -134,8 +139,17 @@ class Serving:
                 raise WarmEngineError(f"--serve {e.kind}: could not start `{e.command()[0]}` ({err}); "
                                       + ("install vLLM (the gpu extra)" if e.kind == "vllm" else "")) from None
         self.began = time.monotonic()
+        self._watch = threading.Thread(target=self._watch_exit, daemon=True)
+        self._watch.start()
         print(f"{time.strftime('%H:%M:%S')} warm engine: {e.kind} starting on {e.base_url} (log {e.log})", flush=True)
         return self.ready
+
+    def _watch_exit(self) -> None:
+        code = self.process.wait()
+        if not self._stopping.is_set():
+            when = "during the study" if self.answered else "before it answered"
+            print(f"warning: the warm engine exited ({code}) {when}; the end of {self.engine.log}:\n"
+                  f"{_tail(self.engine.log)}", file=sys.stderr, flush=True)
 
     def ready(self) -> float:
         """Wait until the server answers ``/health``; the seconds since it was started."""
@@ -143,8 +157,10 @@ class Serving:
         health = e.base_url.removesuffix("/v1") + "/health"
         while True:
             if process is not None and process.poll() is not None:
-                raise WarmEngineError(f"--serve {e.kind}: the server exited ({process.returncode}) before it answered; "
-                                      f"the end of {e.log}:\n{_tail(e.log)}")
+                if self._watch is not None:
+                    self._watch.join(timeout=10)
+                raise WarmEngineError(f"--serve {e.kind}: the server exited ({process.returncode}) before it answered "
+                                      f"(the end of its log is above; all of it in {e.log})")
             try:
                 with urllib.request.urlopen(health, timeout=5) as r:
                     if r.status == 200:
@@ -163,21 +179,19 @@ class Serving:
         process = self.process
         if process is None:
             return
-        if process.poll() is not None:
-            if self.answered:  # it died while the study ran: the experiments' rollouts after it failed
-                print(f"warning: the warm engine exited ({process.returncode}) during the study; the end of "
-                      f"{self.engine.log}:\n{_tail(self.engine.log)}", file=sys.stderr, flush=True)
-            return
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(process.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                process.wait(timeout=wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+        self._stopping.set()  # from here on, its end is the study's doing
+        if process.poll() is None:
+            for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(process.pid, sig)
+                    process.wait(timeout=wait)
+                    break
+                except ProcessLookupError:
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self._watch is not None:
+            self._watch.join(timeout=10)  # its report, if the server ended by itself, is out before the study's
 
 
 def add_arguments(parser: Any) -> None:

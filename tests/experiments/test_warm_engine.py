@@ -68,15 +68,17 @@ def test_a_port_already_taken_is_refused(tmp_path):
                 pass
 
 
-def test_a_server_that_exits_is_reported_with_the_end_of_its_log(tmp_path):
+def test_a_server_that_exits_is_reported_with_the_end_of_its_log(tmp_path, capsys):
     engine = WarmEngine("env-engineer", str(tmp_path / "no-such-model"), tmp_path / "no-such-model", tmp_path,
                         tmp_path / "s.log", port=free_port(), start_s=120)
-    with pytest.raises(WarmEngineError, match=r"exited \(2\)[\s\S]*no-such-model"):
+    with pytest.raises(WarmEngineError, match=r"exited \(2\) before it answered"):
         with Serving(engine, poll_s=0.2) as ready:
             ready()
+    err = capsys.readouterr().err  # reported as it happened, with the end of the log
+    assert "the warm engine exited (2) before it answered" in err and "no-such-model" in err
 
 
-def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, tiny_model_dir):
+def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, tiny_model_dir, capsys):
     engine = WarmEngine("env-engineer", str(tiny_model_dir), tiny_model_dir, tmp_path, tmp_path / "s.log",
                         port=free_port(), start_s=0.5)
     serving = Serving(engine, poll_s=0.1)
@@ -84,9 +86,10 @@ def test_a_server_that_does_not_answer_in_time_is_stopped(tmp_path, tiny_model_d
         with serving as ready:
             ready()
     assert serving.process.poll() is not None  # stopped when the study stopped
+    assert "warm engine exited" not in capsys.readouterr().err  # stopped by the study: nothing to report
 
 
-def test_a_served_study_waits_for_the_server_and_stops_it(tmp_path, tiny_model_dir):
+def test_a_served_study_waits_for_the_server_and_stops_it(tmp_path, tiny_model_dir, capsys):
     engine = WarmEngine("env-engineer", str(tiny_model_dir), tiny_model_dir, tmp_path, tmp_path / "s.log",
                         port=free_port(), start_s=300)
     serving = Serving(engine, poll_s=0.2)
@@ -99,6 +102,7 @@ def test_a_served_study_waits_for_the_server_and_stops_it(tmp_path, tiny_model_d
     time.sleep(0.1)
     assert serving.process.poll() is not None
     assert warm_engine.port_free(engine.port)
+    assert "warm engine exited" not in capsys.readouterr().err
 
 
 def test_a_server_that_dies_during_the_study_is_reported(tmp_path, tiny_model_dir, capsys):
