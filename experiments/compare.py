@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from envgen.core.files import atomic_write_text
+from experiments import warm_engine
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import comparison_plan
 from experiments.records import aggregate, experiment_records, missing, outcomes, workspace_records
-from experiments import warm_engine
 from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from pipeline.params import ParamsError, load_params, parse_overrides
 
@@ -177,7 +177,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"warning: no results for {', '.join(absent)} at this commit: experiments belong to the commit they "
                   "started from (`dvc exp list -A` lists all; `dvc queue logs NAME` says why one failed); run them "
                   "with --run", file=sys.stderr)
-    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled, warm_engine.WarmEngineError) as e:
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled,
+            warm_engine.WarmEngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {"commit": git_commit(args.repo), "engineers": engineers, "seeds": seeds, "contexts": contexts,

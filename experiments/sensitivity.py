@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from envgen.core.files import atomic_write_text
+from experiments import warm_engine
 from experiments.dvc import DvcError, experiments_shown, pipeline_stages
 from experiments.plan import sensitivity_plan
 from experiments.records import experiment_records, missing, outcomes
-from experiments import warm_engine
 from experiments.runner import QueueStalled, add_commit_argument, run_plan
 from experiments.sensitivity_summary import (markdown, merge, outcomes_path, read_outcomes, summarise_rows,
                                              union_outcomes, write_outcomes)
@@ -145,7 +145,8 @@ def run(args: argparse.Namespace) -> int:
         records = experiment_records(experiments_shown(args.repo))
         absent = missing(records, plan, stages)
         answers = outcomes(args.repo, records, plan, stages)
-    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled, warm_engine.WarmEngineError) as e:
+    except (ValueError, ParamsError, KeyError, OSError, DvcError, json.JSONDecodeError, QueueStalled,
+            warm_engine.WarmEngineError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if absent:

@@ -128,7 +128,8 @@ class Serving:
     def __enter__(self) -> Callable[[], float]:
         e = self.engine
         if not port_free(e.port):
-            raise WarmEngineError(f"--serve-port {e.port}: something already listens there; stop it or give another port")
+            raise WarmEngineError(f"--serve-port {e.port}: something already listens there; stop it or give another "
+                                  "port")
         e.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         with open(e.log, "ab") as log:
