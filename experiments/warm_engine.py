@@ -3,12 +3,13 @@
 Without it each ``validate@k`` and ``evaluate@k`` of every experiment loads the model (and, on a GPU, compiles its
 decode step) in a process of its own. With it the study starts one OpenAI-compatible server before its first stage,
 points every experiment's rollouts at it (``rollout.backend: openai``; each stage's adapter is loaded into the server
-at runtime under its content hash and folder, :mod:`policy.openai_backend`) and stops it when the study ends, however it ends.
+at runtime under its content hash and folder, :mod:`policy.openai_backend`) and stops it when the study ends, however
+it ends.
 
 Servers (:data:`SERVERS`): ``vllm`` (``vllm serve`` with runtime LoRA loading, this Python environment's or else
 PATH's) batches the requests of all experiments on one GPU; ``env-engineer`` (``env-engineer serve --adapters-from
-REPO``) answers them one at a time with the transformers backend, on any machine. The server's output goes to a log file,
-whose end is quoted when the server does not come up.
+REPO``) answers them one at a time with the transformers backend, on any machine. The server's output goes to a log
+file, whose end is quoted when the server exits by itself or does not come up.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ class WarmEngine:
 def _vllm(engine: WarmEngine) -> list[str]:
     rank = next((r for r in VLLM_LORA_RANKS if r >= engine.lora_rank), engine.lora_rank)
     beside = Path(sys.executable).parent / "vllm"  # this environment's vLLM first, then PATH's
-    return [str(beside) if beside.exists() else "vllm", "serve", str(engine.folder), "--served-model-name", engine.model, "--enable-lora",
-            "--max-lora-rank", str(rank), "--max-loras", str(engine.adapters),
+    return [str(beside) if beside.exists() else "vllm", "serve", str(engine.folder),
+            "--served-model-name", engine.model, "--enable-lora", "--max-lora-rank", str(rank),
+            "--max-loras", str(engine.adapters),
             "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port),
             "--disable-uvicorn-access-log"]  # a line per request of every experiment otherwise
 
@@ -200,7 +202,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--serve", choices=sorted(SERVERS), default=None,
                         help="with --run: answer every experiment's rollouts with one warm server started for the "
                              "study and stopped after it: " + "; ".join(f"'{k}': {v[0]}" for k, v in SERVERS.items()))
-    parser.add_argument("--serve-port", type=int, default=8000, help="the warm server's port on 127.0.0.1 (default %(default)s)")
+    parser.add_argument("--serve-port", type=int, default=8000,
+                        help="the warm server's port on 127.0.0.1 (default %(default)s)")
     parser.add_argument("--serve-gpu-memory", type=float, default=0.3,
                         help="vllm: the share of the GPU's memory the server takes; the experiments' training passes "
                              "share the rest (default %(default)s)")

@@ -29,8 +29,8 @@ class OpenAIBackend:
             receives, as vLLM does, answers many at a time; the answers keep the conversations' order and seeds.
         adapter: a PEFT adapter folder the server can read, loaded into it at runtime under a name made of its
             content hash and folder (vLLM's ``POST /v1/load_lora_adapter``, with
-            ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``); the requests then name it as their model. An adapter the server already holds is
-            used as it is.
+            ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` and ``--enable-lora``); the requests then name it as their
+            model. An adapter the server already holds is used as it is.
         tokenizer: a local model (``policy.model``) whose tokenizer counts an answer's tokens, the served model's own,
             so that token budgets are the ones the other backends give; None, or one that cannot be loaded here
             (said once on stderr): UTF-8 bytes, an upper bound.
