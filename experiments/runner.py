@@ -5,8 +5,10 @@ with progress printed.
 DVC's queue: a wave is queued only once the workers of the one before have left, and its workers start after its last
 experiment is queued (a DVC worker leaves when it finds the queue empty, and one that takes a task on its way out drops
 it: DVC then lists it as running for ever); should the queue lose an experiment all the same, it is marked failed and
-queued again once. Workers and experiment processes are counted from dvc-task's own records, which a busy worker
-cannot fail to answer.
+queued again once. An experiment that failed because its GPU ran out of memory (too many experiments training on one
+card at once) is queued again once after its wave, with half the workers: the stages it finished are restored from
+DVC's run-cache, so it goes on from the one that failed. Workers and experiment processes are counted from dvc-task's
+own records, which a busy worker cannot fail to answer.
 """
 
 from __future__ import annotations
@@ -40,6 +42,11 @@ itself about 10 s after it last saw the queue empty (dvc-task's ``TemporaryWorke
 
 QUEUE_FINAL = ("Success", "Failed")
 """The states of a DVC queue task that will not change any more."""
+
+
+OUT_OF_MEMORY = ("CUDA out of memory", "torch.OutOfMemoryError")
+"""What an experiment's log (``dvc queue logs NAME``) says when it failed for want of GPU memory: worth a second try
+with fewer experiments at once, unlike a failure of its own."""
 
 
 class QueueStalled(RuntimeError):
@@ -160,22 +167,37 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     return mine
 
 
+def out_of_memory(repo: Path, names: list[str]) -> list[str]:
+    """Those of ``names`` whose log says their GPU ran out of memory (:data:`OUT_OF_MEMORY`)."""
+    found = []
+    for name in names:
+        try:
+            log = dvc(["queue", "logs", name], repo)
+        except DvcError:
+            continue
+        if any(marker in log for marker in OUT_OF_MEMORY):
+            found.append(name)
+    return found
+
+
 def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict[str, Any],
                       retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
     ``jobs`` workers (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
     process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
-    queued, at most ``retries`` times; returns each experiment's final status."""
+    queued, at most ``retries`` times. Those that failed because the GPU ran out of memory (:func:`out_of_memory`) are
+    queued again once, with half the workers, resuming from the run-cache; returns each experiment's final status."""
     items = {item.name: item for item in wave}
     todo = list(wave)
     attempts = 0
+    memory_retried = False
     while True:
         wait_for_workers_to_leave(repo)
         for item in todo:
             dvc(queue_args(item, extra), repo)
             print(f"queued {item.name}", flush=True)
         try:
-            return run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
+            states = run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
         except QueueStalled as stalled:
             attempts += 1
             if attempts > retries:
@@ -187,6 +209,15 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
             print(f"{time.strftime('%H:%M:%S')} queue: no worker left with {', '.join(stalled.unfinished)} "
                   f"unfinished; {'queued again: ' + ', '.join(lost) if lost else 'workers started again'}",
                   file=sys.stderr, flush=True)
+            continue
+        short = [] if memory_retried else out_of_memory(repo, [n for n, state in states.items() if state == "Failed"])
+        if not short:
+            return states
+        memory_retried, jobs = True, max(1, jobs // 2)
+        todo = [items[name] for name in short]
+        print(f"{time.strftime('%H:%M:%S')} queue: the GPU ran out of memory in {', '.join(short)}; queued again with "
+              f"{jobs} worker(s), from the stages they finished (fewer experiments at once: ENV_ENGINEER_GPU_SLOTS, "
+              "--jobs)", file=sys.stderr, flush=True)
 
 
 def add_commit_argument(parser: Any) -> None:

@@ -462,6 +462,40 @@ def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
         compare.run_wave_in_queue(Path("."), 2, wave[:1], {}, retries=0, stall_seconds=-1)
 
 
+def test_an_experiment_the_gpu_ran_out_of_memory_for_is_queued_again_once_with_half_the_workers(monkeypatch, capsys):
+    """One H200 with 24 experiments training at once: half failed with CUDA out of memory at their first engineered
+    stage. Such an experiment is queued again once, after its wave, with half the workers (it resumes from DVC's
+    run-cache); one that failed for a reason of its own is not, nor one that runs out of memory a second time."""
+    from experiments import runner as compare
+
+    calls = []
+    logs = {"e1": "train@1\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate 70.00 MiB.\nERROR: failed",
+            "e2": "ValueError: train.sft_learning_rate\nERROR: failed to reproduce 'train@1'"}
+    status = iter(["abc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n",
+                   "ghi  e1  10:05  Failed\nabc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n"])
+
+    def fake_dvc(args, repo, leaves_processes=False):
+        calls.append(args)
+        if args[:2] == ["queue", "status"]:
+            return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
+        if args[:2] == ["queue", "logs"]:
+            return logs[args[2]]
+        return "e3\n" if args[:2] == ["exp", "list"] else ""
+
+    monkeypatch.setattr(compare, "dvc", fake_dvc)
+    monkeypatch.setattr(compare, "queue_workers", lambda repo: [])
+    monkeypatch.setattr(compare, "experiment_process_alive", lambda repo: False)
+    monkeypatch.setattr(compare.time, "sleep", lambda s: None)
+    plan = comparison_plan(["fixed"], [0, 1, 2])
+    wave = [replace(item, name=f"e{k}") for k, item in enumerate(plan, 1)]
+    assert compare.run_wave_in_queue(Path("."), 4, wave, {}) == {"e1": "Failed", "e2": "Failed", "e3": "Success"}
+    queued = [c[4] for c in calls if c[:3] == ["exp", "run", "--queue"]]
+    assert queued == ["e1", "e2", "e3", "e1"]  # e1 (out of memory) again; e2 (its own error) not
+    assert [c[3] for c in calls if c[:2] == ["queue", "start"]] == ["4", "2"]
+    assert [c[2] for c in calls if c[:2] == ["queue", "logs"]] == ["e1", "e2"]  # not read again after the retry
+    assert "the GPU ran out of memory in e1; queued again with 2 worker(s)" in capsys.readouterr().err
+
+
 def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
     (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
