@@ -72,10 +72,21 @@ class WarmEngine:
         return dict(zip(SETS, ("openai", self.base_url, None, self.concurrency)))
 
 
+def vllm_program() -> list[str]:
+    """How to run vLLM's command line: this Python's vLLM as a module where it imports (a pip install, or a copy
+    unpacked into the path on a machine without a registry, which has no ``vllm`` script; vLLM's engine starts its
+    processes by spawning, so the module's own ``__main__`` guard is what keeps them from running the server again),
+    else the ``vllm`` on PATH."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    return ["vllm"]
+
+
 def _vllm(engine: WarmEngine) -> list[str]:
     rank = next((r for r in VLLM_LORA_RANKS if r >= engine.lora_rank), engine.lora_rank)
-    beside = Path(sys.executable).parent / "vllm"  # this environment's vLLM first, then PATH's
-    return [str(beside) if beside.exists() else "vllm", "serve", str(engine.folder),
+    return [*vllm_program(), "serve", str(engine.folder),
             "--served-model-name", engine.model, "--enable-lora", "--max-lora-rank", str(rank),
             "--max-loras", str(engine.adapters),
             "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port),

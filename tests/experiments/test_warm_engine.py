@@ -3,6 +3,7 @@ comparison of the real pipeline served by one `env-engineer serve`, is in tests/
 
 import argparse
 import socket
+import sys
 import time
 from pathlib import Path
 
@@ -34,12 +35,27 @@ def test_every_server_has_a_help_sentence_and_a_command():
     for kind, (sentence, command) in SERVERS.items():
         assert sentence and command(WarmEngine(kind, "embedded", Path("/models/m"), ROOT, Path("log")))
     words = engine.command()
-    assert Path(words[0]).name == "vllm" and words[1:3] == ["serve", "/models/m"]
+    program = warm_engine.vllm_program()
+    assert words[:len(program)] == program and words[len(program):len(program) + 2] == ["serve", "/models/m"]
     assert words[words.index("--max-lora-rank") + 1] == "64"  # the next rank vLLM accepts
     assert words[words.index("--served-model-name") + 1] == "embedded"  # what the rollouts' requests name
     assert words[words.index("--max-loras") + 1] == "24" and words[words.index("--port") + 1] == "8123"
     assert engine.overrides() == {"rollout.backend": "openai", "rollout.base_url": "http://127.0.0.1:8123/v1",
                                   "rollout.api_key_env": None, "rollout.concurrency": 256}
+
+
+def test_vllm_runs_as_this_pythons_module_where_it_imports(monkeypatch):
+    """An offline install may unpack vLLM into the path without its ``vllm`` script: where vLLM imports, the server
+    is this Python's ``-m vllm.entrypoints.cli.main`` (whose ``__main__`` guard keeps vLLM's spawned engine process
+    from starting the server again)."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    for found, program in ((object(), [sys.executable, "-m", "vllm.entrypoints.cli.main"]), (None, ["vllm"])):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: found if name == "vllm" else real(name, *a))
+        engine = WarmEngine("vllm", "embedded", Path("/models/m"), ROOT, Path("log"))
+        assert warm_engine.vllm_program() == program  # else the vllm on PATH
+        assert engine.command()[:len(program) + 1] == [*program, "serve"]
 
 
 def test_the_served_settings_are_checked_before_anything_starts():
