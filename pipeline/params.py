@@ -111,7 +111,9 @@ class EvaluateSettings(_Section):
         "only its early_agents boards (the engineers' signal, at a fraction of the cost). null: every stage scores the "
         "whole benchmark.")
     early_agents: list[Annotated[int, Field(ge=2, le=8)]] = Field(
-        [2], min_length=1, description="The agent counts a stage before whole_from_stage scores.")
+        [2], description="The agent counts a stage before whole_from_stage scores; [] scores none there (the stage's "
+        "evaluate step writes an empty answer table without loading the model; the engineers read the validation "
+        "set either way).")
 
     def agents_for(self, stage: int) -> list[int] | None:
         """The agent counts stage ``stage`` answers on the benchmark; None: all of them."""

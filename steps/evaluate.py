@@ -48,12 +48,27 @@ def sum_standard_error(agents_table: dict[str, Any]) -> float:
     return math.sqrt(var) / max(1, len(sizes))
 
 
+def scored_agents(trajectories: Path) -> list[int] | None:
+    """The agent counts the rollout that wrote ``trajectories`` answered, as it recorded them (None: all, or not
+    recorded); [] for a stage that scores no board (``evaluate.early_agents: []``)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.read_schema(trajectories).metadata or {}
+    try:
+        return json.loads(meta.get(b"rollout", b"{}")).get("agents")
+    except (ValueError, AttributeError):
+        return None
+
+
 def evaluate(benchmark: Path, trajectories: Path, training: list[Path], reference: Path | None) -> dict[str, Any]:
     """Benchmark metrics of one stage's policy (greedy answers already in ``trajectories``)."""
     wait_of = {r["content_hash"]: r["wait_subset"]
                for r in read_parquet(benchmark, "the benchmark", ["content_hash", "wait_subset"]).to_pylist()}
     answers = read_parquet(trajectories, "the stage's benchmark rollout (trajectories)", list(ANSWER_COLUMNS),
                            TRAJECTORIES).to_pylist()
+    if not answers and scored_agents(trajectories) != []:
+        raise ValueError(f"{trajectories}: no answer; roll out the benchmark (`env-engineer rollout --evaluate`) "
+                         "before scoring it")
     strangers = [r["content_hash"] for r in answers if r["content_hash"] not in wait_of]
     if strangers:
         raise ValueError(f"{trajectories}: {len(strangers)} answer(s) to instances that are not in {benchmark} (e.g. "
@@ -102,7 +117,9 @@ def read_reference(path: Path) -> dict[str, Any]:
 
 def tables(metrics: dict[str, Any]) -> str:
     """The policy's table and the reference rows' tables, in markdown."""
-    parts = [render_table(metrics["bench_table"], "Policy (valid / optimal, %)")]
+    parts = [render_table(metrics["bench_table"], "Policy (valid / optimal, %)") if metrics["bench_table"] else
+             "### Policy\n\nThis stage scored no benchmark board (evaluate.early_agents: [] before "
+             "evaluate.whole_from_stage); its validation answers are in validation.parquet."]
     for name, table in (metrics.get("reference") or {}).items():
         parts.append(render_table(table, f"Reference: {name}"))
     parts.append(f"Training instances checked for overlap with the benchmark: {metrics['disjoint']['training_instances_checked']}, overlap 0.")

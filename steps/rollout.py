@@ -10,8 +10,9 @@ check refuses a file where a budget is below its optimal answer (a fixed ``max_n
 Settings: params.yaml's ``policy`` (model, prompt, reward: the policy is evaluated exactly as it is trained) and
 ``rollout`` sections (:class:`pipeline.params.RolloutSettings`); the benchmark evaluation runs this step with
 ``--evaluate``, which takes the budgets from ``evaluate.max_new_tokens`` and, before ``evaluate.whole_from_stage``,
-answers only the boards of ``evaluate.early_agents`` agents. Imports no Prefect, DVC, polars or great-expectations
-(``env-engineer check-data --kind trajectories`` checks the output, as the pipeline does).
+answers only the boards of ``evaluate.early_agents`` agents (none, with no model loaded, when it is empty). Imports
+no Prefect, DVC, polars or great-expectations (``env-engineer check-data --kind trajectories`` checks the output, as
+the pipeline does).
 """
 
 from __future__ import annotations
@@ -108,9 +109,14 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
     ``limit``: only the first instances; ``backend`` may be passed to reuse a loaded model."""
     table = read_instances(instances_path)
     rows_in = [r for r in table.to_pylist() if agents is None or r["num_agents"] in agents][:limit]
-    if agents is not None and not rows_in:  # a filter that leaves nothing is a settings mistake, not an empty file
-        raise ValueError(f"{instances_path}: no instance of {sorted(agents or [])} agents to answer; "
+    if agents and not rows_in:  # a filter that leaves nothing is a settings mistake, not an empty file
+        raise ValueError(f"{instances_path}: no instance of {sorted(agents)} agents to answer; "
                          "set evaluate.early_agents to agent counts the benchmark has")
+    record = {"policy": policy.model_dump(mode="json"), "rollout": settings.model_dump(mode="json"), "adapter": adapter,
+              "stage": stage, "limit": limit, "agents": None if agents is None else sorted(agents)}
+    if agents == []:  # this stage scores no benchmark board (evaluate.early_agents: []): no model is loaded
+        write_dataset(out, [], TRAJECTORIES, {"rollout": json.dumps(record)})
+        return RolloutSummary(Path(out), 0, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
     instances = parse_instances([r["instance"] for r in rows_in], instances_path)
     loading = time.perf_counter()
     backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
@@ -144,8 +150,6 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
                 "model_id": backend.model_id, "adapter_hash": backend.adapter_hash, "backend": settings.backend,
                 "seed": g.seed, "latency_s": g.latency_s,
             })
-    record = {"policy": policy.model_dump(mode="json"), "rollout": settings.model_dump(mode="json"), "adapter": adapter,
-              "stage": stage, "limit": limit}
     write_dataset(out, rows, TRAJECTORIES, {"rollout": json.dumps(record)})
     rate = rates(rows, means=("reward",))
     return RolloutSummary(Path(out), len(rows), seconds, sum(r["completion_tokens"] for r in rows),
@@ -192,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
         if args.evaluate:
             settings = settings.model_copy(update={"max_new_tokens": params.evaluate.max_new_tokens})
             agents = params.evaluate.agents_for(args.stage)
-        if params.rollout.backend != "openai":
+        if params.rollout.backend != "openai" and agents != []:  # [] answers nothing: no model, no GPU
             claim_gpu()
         summary = rollout(args.instances, args.out, params.policy, settings, args.adapter, args.stage, args.limit,
                           progress=not args.no_progress, agents=agents)

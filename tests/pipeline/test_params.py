@@ -152,3 +152,5 @@ def test_the_stages_before_whole_from_stage_score_the_early_agent_counts():
     assert EvaluateSettings().agents_for(0) is None  # default: every stage scores the whole benchmark
     late = EvaluateSettings(whole_from_stage=3, early_agents=[2])
     assert [late.agents_for(k) for k in range(5)] == [[2], [2], [2], None, None]
+    none_early = EvaluateSettings(whole_from_stage=3, early_agents=[])  # the stages before 3 score no board
+    assert [none_early.agents_for(k) for k in range(4)] == [[], [], [], None]

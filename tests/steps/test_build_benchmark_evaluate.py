@@ -8,7 +8,7 @@ from pipeline.checks import validate_file
 from pipeline.params import BenchmarkSettings
 from envgen.formats.dataset import generate_verified
 from steps.build_benchmark import build_benchmark
-from steps.evaluate import check_disjoint, evaluate
+from steps.evaluate import check_disjoint, evaluate, tables
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +59,25 @@ def test_evaluate_checks_disjointness(bench, tmp_path):
     pq.write_table(pa.Table.from_pylist([{**r, "token_budget": 30} for r in rows]), cut)
     with pytest.raises(ValueError, match="token budget below their optimal answer"):
         evaluate(root / "b.parquet", cut, [train], None)
+
+
+def test_a_stage_that_scores_no_board_has_no_sum_and_an_empty_answer_file_is_refused_elsewhere(bench, tmp_path):
+    """An empty answer file is scored only where the rollout recorded that it answered no board (evaluate.early_agents:
+    [] before whole_from_stage): no Sum, no answer. Anywhere else it is a rollout that did not happen, refused rather
+    than scored as zero."""
+    from envgen.formats.dataset import write_dataset
+    from envgen.formats.schemas import TRAJECTORIES
+
+    root, _, _ = bench
+    empty = tmp_path / "empty.parquet"
+    write_dataset(empty, [], TRAJECTORIES, {"rollout": json.dumps({"stage": 0, "agents": []})})
+    metrics = evaluate(root / "b.parquet", empty, [], None)
+    assert metrics["bench"] == {} and metrics["bench_size"] == {} and metrics["budgets"]["answers"] == 0
+    assert "This stage scored no benchmark board" in tables(metrics)
+    for record in ({"stage": 0, "agents": [3]}, {"stage": 0, "agents": None}, None):
+        write_dataset(empty, [], TRAJECTORIES, None if record is None else {"rollout": json.dumps(record)})
+        with pytest.raises(ValueError, match="no answer"):
+            evaluate(root / "b.parquet", empty, [], None)
 
 
 def test_the_sums_standard_error_comes_from_each_sizes_binomial_variance():

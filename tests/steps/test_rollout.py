@@ -91,3 +91,31 @@ def test_the_benchmark_evaluation_scores_the_early_agent_counts_before_whole_fro
     assert pq.read_table(out).num_rows == 5
     assert main(base + ["--stage", "0", "--set", "evaluate.early_agents=[4]"]) == 2  # not a count the benchmark has
     assert "evaluate.early_agents: the benchmark has no boards of [4] agents" in capsys.readouterr().err
+
+
+def test_a_stage_before_whole_from_stage_may_score_no_benchmark_board(tiny_model_dir, instances_file, tmp_path,
+                                                                    monkeypatch, capsys):
+    """evaluate.early_agents: [] -- the stages before whole_from_stage answer no benchmark board: an empty answer table
+    that passes its data check (check-data --allow-empty), written without loading the model or claiming a GPU; from
+    whole_from_stage on, every board as before."""
+    from steps import rollout as rollout_step
+
+    params = write_params(tmp_path / "params.yaml", tiny_params(tiny_model_dir))
+    out = tmp_path / "b.parquet"
+    base = ["--params", str(params), "--instances", str(instances_file), "--out", str(out), "--no-progress", "--evaluate",
+            "--set", "benchmark.agents={2: [3, 5], 3: [3, 5]}", "--set", "evaluate.whole_from_stage=1",
+            "--set", "evaluate.early_agents=[]"]
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("a stage that answers nothing loaded a model")
+
+    monkeypatch.setattr(rollout_step, "make_backend", no_model)
+    monkeypatch.setattr("policy.devices.claim_gpu", no_model)
+    assert main(base + ["--stage", "0"]) == 0
+    assert pq.read_table(out).num_rows == 0 and "wrote 0 trajectories" in capsys.readouterr().out
+    assert validate_file(out, "trajectories", allow_empty=True) == 0  # the DVC stage's check-data --allow-empty
+    with pytest.raises(DataValidationError, match="row_count"):
+        validate_file(out, "trajectories")
+    assert json.loads(pq.read_schema(out).metadata[b"rollout"])["agents"] == []  # evaluate reads it
+    monkeypatch.undo()
+    assert main(base + ["--stage", "1"]) == 0 and pq.read_table(out).num_rows == 5  # whole_from_stage: every board
