@@ -4,11 +4,12 @@ with progress printed.
 
 DVC's queue: a wave is queued only once the workers of the one before have left, and its workers start after its last
 experiment is queued (a DVC worker leaves when it finds the queue empty, and one that takes a task on its way out drops
-it: DVC then lists it as running for ever); should the queue lose an experiment all the same, it is marked failed and
-queued again once. An experiment that failed because its GPU ran out of memory (too many experiments training on one
-card at once) is queued again once after its wave, with half the workers: the stages it finished are restored from
-DVC's run-cache, so it goes on from the one that failed. Workers and experiment processes are counted from dvc-task's
-own records, which a busy worker cannot fail to answer.
+it: DVC then lists it as running for ever); they are told to leave once the wave is done (``dvc queue stop``). Should
+the queue lose an experiment all the same, it is marked failed and queued again once. An experiment that failed
+because its GPU ran out of memory (too many experiments training on one card at once) is queued again once after its
+wave, with half the workers: the stages it finished are restored from DVC's run-cache, so it goes on from the one that
+failed. Workers and experiment processes are counted from dvc-task's own records, which a busy worker cannot fail to
+answer.
 """
 
 from __future__ import annotations
@@ -154,6 +155,9 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
         return mine
 
     mine = wait_until_final(read, QUEUE_FINAL, "queue", poll_seconds)
+    # Idle workers would wait for more work before leaving (74 s of a wave on one H200); the next wave is queued only
+    # once they have gone (wait_for_workers_to_leave), so tell them to go now.
+    dvc(["queue", "stop"], repo)
     # A task reports success a moment before its experiment is saved: wait until every successful one is listed.
     succeeded = {name for name, state in mine.items() if state == "Success"}
     started = time.monotonic()
@@ -183,12 +187,13 @@ def out_of_memory(repo: Path, names: list[str]) -> list[str]:
 def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict[str, Any],
                       retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
-    ``jobs`` workers (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
+    ``jobs`` workers, at most one per experiment (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
     process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
     queued, at most ``retries`` times. Those that failed because the GPU ran out of memory (:func:`out_of_memory`) are
     queued again once, with half the workers, resuming from the run-cache; returns each experiment's final status."""
     items = {item.name: item for item in wave}
     todo = list(wave)
+    jobs = max(1, min(jobs, len(wave)))  # a worker more than the experiments only slows the wave's end
     attempts = 0
     memory_retried = False
     while True:
@@ -213,7 +218,7 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
         short = [] if memory_retried else out_of_memory(repo, [n for n, state in states.items() if state == "Failed"])
         if not short:
             return states
-        memory_retried, jobs = True, max(1, jobs // 2)
+        memory_retried, jobs = True, max(1, min(jobs // 2, len(short)))
         todo = [items[name] for name in short]
         print(f"{time.strftime('%H:%M:%S')} queue: the GPU ran out of memory in {', '.join(short)}; queued again with "
               f"{jobs} worker(s), from the stages they finished (fewer experiments at once: ENV_ENGINEER_GPU_SLOTS, "

@@ -491,9 +491,13 @@ def test_an_experiment_the_gpu_ran_out_of_memory_for_is_queued_again_once_with_h
     assert compare.run_wave_in_queue(Path("."), 4, wave, {}) == {"e1": "Failed", "e2": "Failed", "e3": "Success"}
     queued = [c[4] for c in calls if c[:3] == ["exp", "run", "--queue"]]
     assert queued == ["e1", "e2", "e3", "e1"]  # e1 (out of memory) again; e2 (its own error) not
-    assert [c[3] for c in calls if c[:2] == ["queue", "start"]] == ["4", "2"]
+    assert [c[3] for c in calls if c[:2] == ["queue", "start"]] == ["3", "1"]  # a worker per experiment at most
+    # idle workers are told to leave after each run, before the retry is queued
+    stops = [k for k, c in enumerate(calls) if c == ["queue", "stop"]]
+    runs = [k for k, c in enumerate(calls) if c[:3] == ["exp", "run", "--queue"]]
+    assert len(stops) == 2 and runs[2] < stops[0] < runs[3] < stops[1]
     assert [c[2] for c in calls if c[:2] == ["queue", "logs"]] == ["e1", "e2"]  # not read again after the retry
-    assert "the GPU ran out of memory in e1; queued again with 2 worker(s)" in capsys.readouterr().err
+    assert "the GPU ran out of memory in e1; queued again with 1 worker(s)" in capsys.readouterr().err
 
 
 def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
