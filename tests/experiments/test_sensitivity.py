@@ -224,7 +224,7 @@ def test_a_sequence_is_planned_as_the_pipeline_with_its_first_configuration_and_
     assert [e.name for e in plan] == ["sens-a-s0", "sens-a-s7", "sens-a+b+b-s0", "sens-a+b+b-s7"]
     assert plan[0].group == plan[2].group == ("a", 0) and plan[1].group != plan[0].group
     params = tmp_path / "params.yaml"
-    params.write_text((ROOT / "presets" / "gpu-distill.yaml").read_text())  # its engineer section has no replay key
+    params.write_text((ROOT / "presets" / "gpu-distill.yaml").read_text())  # the plan replaces its engineer.replay
     item = plan[3]
     apply_overrides(str(params), [w for w in set_words(dict(item.sets)) if w != "-S"])
     written = load_params(params)
