@@ -280,6 +280,7 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
         if settings.reinforces:
             grpo_metrics, completions = grpo(model, tok, rows, settings, policy, device, work, progress)
             metrics.update(grpo_metrics)
+        metrics.update(gpu_memory(device))
         if not main_process:  # the main process writes every output
             state.wait_for_everyone()
             return metrics
@@ -296,6 +297,18 @@ def train(instances: str | Path, out_adapter: str | Path, out_completions: str |
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return metrics
+
+
+def gpu_memory(device: str) -> dict[str, float]:
+    """This process's peak GPU memory in GiB: what PyTorch's caching allocator handed out (``gpu/peak_allocated_gib``)
+    and what it held from the card (``gpu/peak_reserved_gib``, CUDA's own context not counted): the second is what a
+    training slot of ``ENV_ENGINEER_GPU_SLOTS`` needs. Nothing off CUDA."""
+    import torch
+
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return {}
+    return {"gpu/peak_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "gpu/peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -113,6 +113,17 @@ def test_a_crash_mid_step_leaves_the_previous_adapter_whole(tiny_model_dir, stag
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adapter"]
 
 
+def test_peak_gpu_memory_is_recorded_on_cuda_only(monkeypatch):
+    import torch
+
+    assert train_mod.gpu_memory("cpu") == {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: 3 * 2**29)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda: 5 * 2**30)
+    assert train_mod.gpu_memory("cuda") == {"gpu/peak_allocated_gib": 1.5, "gpu/peak_reserved_gib": 5.0}
+    assert train_mod.gpu_memory("cpu") == {}  # a CPU run records none, whatever the machine has
+
+
 def test_gradient_checkpointing_auto_follows_device_and_model_size():
     from policy.accel.options import use_checkpointing
 
