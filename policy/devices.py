@@ -11,6 +11,10 @@ starts. ``ENV_ENGINEER_GPU_SLOTS=k`` lets k processes share each GPU (small mode
 So ``dvc queue start -j 4`` with ``ENV_ENGINEER_GPUS=0,1,2,3`` gives each of four experiments' running stages a GPU of
 its own, and ``ENV_ENGINEER_GPUS=0 ENV_ENGINEER_GPU_SLOTS=4`` lets four share one. The lock files live in
 ``ENV_ENGINEER_GPU_LOCKS`` (default: a folder under the system's temporary folder).
+
+A slot is held from the claim until the process ends, so :func:`claim_gpu_after` lets a step import its libraries (the
+seconds of start-up of torch, transformers, PEFT and TRL) before it waits for a slot, where that cannot change which
+GPU the process uses: a pool of one GPU.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import IO
 
 _held: IO[str] | None = None
@@ -105,3 +110,18 @@ def claim_gpu(poll_seconds: float = 2.0, timeout_seconds: float | None = None) -
                   file=sys.stderr, flush=True)
             said = True
         time.sleep(poll_seconds)
+
+
+def claim_gpu_after(prepare: Callable[[], object], poll_seconds: float = 2.0) -> str | None:
+    """:func:`claim_gpu`, with ``prepare`` (imports, say) run first where it cannot change the GPU this process gets:
+    when the ``ENV_ENGINEER_GPUS`` pool is one GPU, that GPU is made the only visible one before ``prepare`` runs (so
+    anything in it that starts CUDA starts it there), and the slot is waited for after. With a pool of several GPUs,
+    which one is free is known only at the claim, so the claim comes first; without a pool ``prepare`` runs after it."""
+    pool = _pool()
+    if len(pool) == 1 and _claimed is None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = pool[0]
+        prepare()
+        return claim_gpu(poll_seconds)
+    claimed = claim_gpu(poll_seconds)
+    prepare()
+    return claimed

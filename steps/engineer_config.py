@@ -85,6 +85,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "generate-instances' --exclude (validation and benchmark)")
 
 
+def import_libraries() -> None:
+    """What the policy's generation imports (seconds of start-up), loaded before the wait for a GPU slot."""
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    import policy.backends  # noqa: F401
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         params = load_params(args.params, args.set)
@@ -95,9 +103,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if params.engineer.engineer in ("policy", "base"):
-        from policy.devices import claim_gpu
+        from policy.devices import claim_gpu_after
 
-        claim_gpu()
+        claim_gpu_after(import_libraries)  # the imports before the wait for a GPU slot, where that is safe
     try:
         result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter,
                                  exclude=exclude)

@@ -311,6 +311,20 @@ def gpu_memory(device: str) -> dict[str, float]:
             "gpu/peak_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
+def import_libraries(reinforces: bool) -> None:
+    """Import what training uses (seconds of a process's start-up), so that it happens before the process waits for a
+    GPU slot where that is safe (:func:`policy.devices.claim_gpu_after`), not while it holds one."""
+    import datasets  # noqa: F401
+    import peft  # noqa: F401
+    import torch  # noqa: F401
+    from trl import SFTConfig, SFTTrainer  # noqa: F401
+
+    import policy.lora  # noqa: F401
+
+    if reinforces:
+        from trl import GRPOConfig, GRPOTrainer  # noqa: F401
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_params_arguments(parser)
     parser.add_argument("--instances", required=True, type=Path, help="the stage's instances Parquet")
@@ -330,16 +344,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from policy.devices import claim_gpu
+    from policy.devices import claim_gpu_after
     from policy.models import ModelNotFoundError
 
     try:
         params = load_params(args.params, args.set)
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
-        if world_size() == 1:  # a distributed launch gives each process its GPU
-            claim_gpu()
         settings, policy = params.training(args.settings)
+        if world_size() == 1:  # a distributed launch gives each process its GPU
+            claim_gpu_after(lambda: import_libraries(settings.reinforces))
         metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, settings,
                         policy, args.init_adapter, args.out_details, args.out_sft_history,
                         args.out_grpo_history, not args.no_progress)

@@ -71,3 +71,24 @@ def test_without_a_pool_a_process_keeps_only_the_first_visible_gpu(monkeypatch, 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
     monkeypatch.setenv("WORLD_SIZE", "2")  # a distributed launch: each process is given its GPU
     assert devices.only_the_first_gpu() is None and os.environ["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+ORDER = ("import os, time; from policy.devices import claim_gpu_after; seen = []; "
+         "gpu = claim_gpu_after(lambda: seen.append((os.environ.get('CUDA_VISIBLE_DEVICES'), time.monotonic())), "
+         "poll_seconds=0.1); print(gpu, seen[0][0], round(time.monotonic() - seen[0][1], 2), flush=True)")
+
+
+def test_a_pool_of_one_gpu_prepares_before_the_slot_is_free_and_a_pool_of_several_after(tmp_path):
+    """One GPU: ``prepare`` runs (seeing that GPU, its only one) while another process holds the only slot, and the
+    claim follows once the slot is free; several GPUs: the claim comes first, so ``prepare`` sees the claimed GPU."""
+    env = {**os.environ, "ENV_ENGINEER_GPUS": "3", "ENV_ENGINEER_GPU_LOCKS": str(tmp_path), "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+    holder = start(env, 1.5)
+    assert holder.stdout.readline().split()[0] == "3"
+    waiter = subprocess.run([sys.executable, "-c", ORDER], env=env, capture_output=True, text=True, timeout=60)
+    gpu, seen, waited = waiter.stdout.split()
+    assert (gpu, seen) == ("3", "3") and float(waited) > 0.3, waiter.stderr  # prepared, then waited for the slot
+    holder.wait(timeout=30)
+    env = {**env, "ENV_ENGINEER_GPUS": "0,1"}
+    gpu, seen, _ = subprocess.run([sys.executable, "-c", ORDER], env=env, capture_output=True, text=True,
+                                  timeout=60).stdout.split()
+    assert gpu in ("0", "1") and seen == gpu
