@@ -71,7 +71,7 @@ class OpenAIBackend:
         self.timeout_s, self.max_retries, self.backoff_s = timeout_s, max_retries, backoff_s
         self.extra_body = extra_body or {}
         self.concurrency = concurrency
-        self._tokenizer_name, self._tokenizer = tokenizer, None
+        self._tokenizer_name, self._count = tokenizer, None
         if adapter is not None:
             self._load_adapter(Path(adapter))
 
@@ -178,17 +178,17 @@ class OpenAIBackend:
     def count_tokens(self, text: str) -> int:
         """Tokens of ``text`` as an answer in ``tokenizer``'s tokens; without it an upper bound in any byte-level
         tokenizer, its UTF-8 bytes (no token is shorter than a byte)."""
-        if self._tokenizer is None and self._tokenizer_name is not None:
-            from policy.models import ModelNotFoundError, load_tokenizer
+        if self._count is None and self._tokenizer_name is not None:
+            from policy.models import ModelNotFoundError, answer_token_counter
 
             try:
-                self._tokenizer = load_tokenizer(self._tokenizer_name)
+                self._count = answer_token_counter(self._tokenizer_name)
             except (ModelNotFoundError, OSError, ValueError) as e:
                 print(f"warning: token budgets counted in UTF-8 bytes (an upper bound): no tokenizer of "
                       f"{self._tokenizer_name!r} here ({str(e)[:200]})", file=sys.stderr)
                 self._tokenizer_name = None
-        if self._tokenizer is not None:
-            return len(self._tokenizer(text, add_special_tokens=False)["input_ids"])
+        if self._count is not None:
+            return self._count(text)
         return len(text.encode("utf-8"))
 
     def generate(self, conversations: Sequence[Conversation], n: int, params: SamplingParams,

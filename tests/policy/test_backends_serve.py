@@ -311,6 +311,24 @@ def test_openai_backend_counts_tokens_with_the_served_models_tokenizer(tiny_back
     assert bytewise.count_tokens(text) == len(text) and "counted in UTF-8 bytes" in capsys.readouterr().err
 
 
+def test_answer_token_counts_from_tokenizer_json_are_the_tokenizers_own_without_torch(tiny_model_dir):
+    """The rollout client counts budgets from ``tokenizer.json`` (the ``tokenizers`` library): the same counts as the
+    model's transformers tokenizer, and torch is never imported for them."""
+    import subprocess
+    import sys
+
+    from policy.models import answer_token_counter, load_tokenizer
+
+    texts = ["Agent 1: UP RIGHT WAIT", "<answer>\nA1: (0,0) R (0,1) D (1,1)\nA2: W W U</answer>", " leading space",
+             "trace: t=3 a2 waits; é ü 10x10", "", "\n\n"]
+    tok, count = load_tokenizer(str(tiny_model_dir)), answer_token_counter(str(tiny_model_dir))
+    assert [count(t) for t in texts] == [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    code = ("import sys; from policy.models import answer_token_counter; "
+            f"n = answer_token_counter({str(tiny_model_dir)!r})('A1: U R'); print(n, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split()[1] == "False" and int(out.stdout.split()[0]) > 0, out.stderr
+
+
 def test_openai_backend_loads_its_adapter_into_the_server_and_asks_for_it_by_name(batching, tmp_path):
     """With ``adapter``, the server loads it at runtime (vLLM's ``/v1/load_lora_adapter``) under a name made of its
     content hash, and every request names it as the model; an adapter the server holds already is simply used."""
