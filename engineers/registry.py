@@ -22,18 +22,21 @@ from engineers.baselines import FixedEngineer, HeuristicEngineer, OracleEngineer
 from engineers.level_samplers import ALPEngineer, LearnabilityEngineer, PLREngineer
 from engineers.llm import CONTEXTS, LLMEngineer
 from engineers.proposal import Engineer
-from pipeline.params import EngineerSettings, PolicySettings
+from pipeline.params import EngineerSettings, PolicySettings, RolloutSettings
 
 
 @dataclass(frozen=True)
 class EngineerBuild:
     """What a factory builds an engineer from. ``backend``: an already loaded generation backend to use instead of
-    loading one (reuse of a model, tests)."""
+    loading one (reuse of a model, tests). ``served``: the rollout's settings; where they point at a served policy
+    (``rollout.backend: openai``, as a study's warm engine sets), the policy and base engineers ask that server (the
+    stage's adapter loaded into it at runtime, as the rollouts' is) instead of loading the model in their own process."""
 
     settings: EngineerSettings
     policy: PolicySettings
     adapter: str | None = None
     backend: Any = None
+    served: RolloutSettings | None = None
 
 
 def _llm(name: str, build: EngineerBuild, backend: Any) -> LLMEngineer:
@@ -41,16 +44,27 @@ def _llm(name: str, build: EngineerBuild, backend: Any) -> LLMEngineer:
     return LLMEngineer(name, backend, CONTEXTS[s.context], s.attempts, s.max_new_tokens, s.temperature, s.constrained, s.seed)
 
 
+def asks_a_server(served: RolloutSettings | None) -> bool:
+    """Whether the policy and base engineers ask a served policy (the rollout's ``openai`` backend) rather than load
+    the model in their own process (and take a GPU)."""
+    return served is not None and served.backend == "openai"
+
+
 def _local(name: str, with_adapter: bool) -> Callable[[EngineerBuild], Engineer]:
     """A factory of an engineer on the policy's base model, with the stage's adapter or without."""
 
     def factory(build: EngineerBuild) -> Engineer:
         backend = build.backend
-        if backend is None:
+        adapter = build.adapter if with_adapter else None
+        if backend is None and asks_a_server(build.served):
             from policy.backends import make_backend
 
-            backend = make_backend("transformers", model=build.policy.model,
-                                   adapter=build.adapter if with_adapter else None, batch_size=1,
+            backend = make_backend("openai", base_url=build.served.base_url, model=build.policy.model,
+                                   api_key_env=build.served.api_key_env, adapter=adapter, tokenizer=build.policy.model)
+        elif backend is None:
+            from policy.backends import make_backend
+
+            backend = make_backend("transformers", model=build.policy.model, adapter=adapter, batch_size=1,
                                    threads=build.settings.threads)
         return _llm(name, build, backend)
 

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from engineers.proposal import EngineerInput, Engineer, Proposal, ensure_feasible, finalize
-from engineers.registry import EngineerBuild, make_engineer
+from engineers.registry import EngineerBuild, asks_a_server, make_engineer
 from engineers.summary import Summary
 from envgen.core.config import ConfigError, EnvConfig
 from envgen.formats.dataset import read_exclusions
 from envgen.core.files import atomic_write_text
 from policy.backends import ConstrainedDecodingUnavailable
-from pipeline.params import EngineerSettings, ParamsError, PolicySettings, add_params_arguments, load_params
+from pipeline.params import (EngineerSettings, ParamsError, PolicySettings, RolloutSettings, add_params_arguments,
+                             load_params)
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,15 @@ class EngineerResult:
 
 def engineer_config(summary: Summary, current: EnvConfig, settings: EngineerSettings, policy: PolicySettings, stage: int,
                     adapter: str | None = None, engineer: Engineer | None = None,
-                    exclude: frozenset[str] = frozenset()) -> EngineerResult:
+                    exclude: frozenset[str] = frozenset(), served: RolloutSettings | None = None) -> EngineerResult:
     """Ask the engineer and finalise its proposal. ``engineer`` may be given (tests, reuse of a loaded model);
-    ``exclude`` holds the content hashes the next stage's generation will exclude (the validation set's)."""
+    ``exclude`` holds the content hashes the next stage's generation will exclude (the validation set's); ``served``:
+    the rollout's settings, whose served policy the policy and base engineers ask where there is one
+    (:class:`engineers.registry.EngineerBuild`)."""
     rng = random.Random(f"{settings.seed}:{stage}")
     notes: list[str] = []
     try:
-        engineer = engineer or make_engineer(EngineerBuild(settings, policy, adapter))
+        engineer = engineer or make_engineer(EngineerBuild(settings, policy, adapter, served=served))
         proposal = engineer.propose(EngineerInput(summary, current, stage, rng))
     except ConstrainedDecodingUnavailable:
         raise  # an install problem: the run must stop, not go on with an engineer that cannot answer
@@ -102,13 +105,13 @@ def run(args: argparse.Namespace) -> int:
     except (ParamsError, ConfigError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if params.engineer.engineer in ("policy", "base"):
+    if params.engineer.engineer in ("policy", "base") and not asks_a_server(params.rollout):
         from policy.devices import claim_gpu_after
 
         claim_gpu_after(import_libraries)  # the imports before the wait for a GPU slot, where that is safe
     try:
         result = engineer_config(summary, current, params.engineer, params.policy, args.stage, args.adapter,
-                                 exclude=exclude)
+                                 exclude=exclude, served=params.rollout)
     except ConstrainedDecodingUnavailable as e:
         print(f"error: engineer.constrained is true but {e} (`engineer.constrained: false`)", file=sys.stderr)
         return 2

@@ -532,3 +532,26 @@ def test_serve_command_checks_its_backend_settings(capsys):
     if importlib.util.find_spec("vllm") is None:
         assert main(["serve", "--backend", "vllm"]) == 2
         assert "pip install -e '.[gpu]'" in capsys.readouterr().err
+
+
+def test_policy_engineer_asks_the_served_policy_with_its_stage_adapter(batching, tmp_path):
+    """Where the rollouts ask a served policy (``rollout.backend: openai``, a study's warm engine), the policy engineer
+    asks it too: the stage's adapter loaded into the server, every attempt naming it, under the proposal's schema."""
+    from engineers.summary import Summary
+    from envgen.core.config import EnvConfig, SizeConfig
+    from pipeline.params import EngineerSettings, PolicySettings, RolloutSettings
+    from steps.engineer_config import engineer_config
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text('{"r": 8}')
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    served = RolloutSettings(backend="openai", base_url=batching, api_key_env=None)
+    settings = EngineerSettings(engineer="policy", attempts=2, context="failures")
+    current = EnvConfig(budget=10, sizes={3: SizeConfig(data_ratio=1.0)})
+    result = engineer_config(Summary(stage=0), current, settings, PolicySettings(), 0, str(adapter), served=served)
+    asked = [body for path, body in _Batching.bodies if path == "/v1/chat/completions"]
+    assert list(_Batching.loaded.values()) == [str(adapter.resolve())]
+    assert len(asked) == 2 and {body["model"] for body in asked} == set(_Batching.loaded)
+    assert all(body["response_format"]["type"] == "json_schema" for body in asked)
+    assert result.fallback and result.config.sizes == current.sizes  # no proposal in the answers: the sizes kept
