@@ -2,6 +2,7 @@ import json
 import os
 import shutil
 import threading
+from pathlib import Path
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -555,3 +556,35 @@ def test_policy_engineer_asks_the_served_policy_with_its_stage_adapter(batching,
     assert len(asked) == 2 and {body["model"] for body in asked} == set(_Batching.loaded)
     assert all(body["response_format"]["type"] == "json_schema" for body in asked)
     assert result.fallback and result.config.sizes == current.sizes  # no proposal in the answers: the sizes kept
+
+
+def test_policy_engineer_gets_a_proposal_from_the_real_server_through_its_stage_adapter(tiny_backend, tiny_model_dir,
+                                                                                          tiny_adapters):
+    """The same against ``env-engineer serve --adapters-from``: the stage's adapter loaded at runtime, the answer
+    decoded under the proposal's schema, a proposal for every size of the configuration."""
+    from engineers.summary import Summary
+    from envgen.core.config import EnvConfig, SizeConfig
+    from pipeline.params import EngineerSettings, PolicySettings, RolloutSettings
+    from policy.serve_adapters import AdapterShelf
+    from steps.engineer_config import engineer_config
+
+    loaded = []
+
+    def make(folder):
+        loaded.append(Path(folder))
+        return TransformersBackend(str(tiny_model_dir), str(folder), device="cpu", batch_size=1, threads=1)
+
+    server = RunningServer(make_app(tiny_backend, "tiny", None, ServeLimits(),
+                                    adapters=AdapterShelf(tiny_adapters, make, capacity=1)))
+    try:
+        served = RolloutSettings(backend="openai", base_url=server.url, api_key_env=None)
+        settings = EngineerSettings(engineer="policy", attempts=1, max_new_tokens=300, context="failures")
+        current = EnvConfig(budget=10, sizes={3: SizeConfig(data_ratio=1.0)})
+        result = engineer_config(Summary(stage=0), current, settings, PolicySettings(model=str(tiny_model_dir)), 0,
+                                 str(tiny_adapters / "a1"), served=served)
+    finally:
+        server.stop()
+    assert result.log["attempts"], result.log["notes"]
+    raw = result.log["attempts"][0]["raw_output"]
+    assert loaded == [(tiny_adapters / "a1").resolve()]  # the server loaded the stage's adapter: it was asked
+    assert set(json.loads(raw)["sizes"]) == {"3"} and result.log["constrained"], result.log["attempts"]
