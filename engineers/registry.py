@@ -56,16 +56,14 @@ def _local(name: str, with_adapter: bool) -> Callable[[EngineerBuild], Engineer]
     def factory(build: EngineerBuild) -> Engineer:
         backend = build.backend
         adapter = build.adapter if with_adapter else None
-        if backend is None and asks_a_server(build.served):
+        if backend is None:
             from policy.backends import make_backend
 
-            backend = make_backend("openai", base_url=build.served.base_url, model=build.policy.model,
-                                   api_key_env=build.served.api_key_env, adapter=adapter, tokenizer=build.policy.model)
-        elif backend is None:
-            from policy.backends import make_backend
-
-            backend = make_backend("transformers", model=build.policy.model, adapter=adapter, batch_size=1,
-                                   threads=build.settings.threads)
+            if asks_a_server(build.served):
+                backend = make_backend("openai", **build.served.backend_options(build.policy.model, adapter))
+            else:
+                backend = make_backend("transformers", model=build.policy.model, adapter=adapter, batch_size=1,
+                                       threads=build.settings.threads)
         return _llm(name, build, backend)
 
     return factory

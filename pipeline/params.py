@@ -381,6 +381,19 @@ class RolloutSettings(_Section):
             raise ValueError(f"rollout.temperature = {self.temperature:g}: use 0 (greedy) or at least {TEMPERATURE_MIN}")
         return self
 
+    def backend_options(self, model: str, adapter: str | None) -> dict[str, Any]:
+        """The options of ``backend``'s constructor (``policy.backends.BACKENDS``) for ``model`` (``policy.model``) with
+        ``adapter``: what the rollout step builds its backend from, and the policy engineer where it asks the server."""
+        if self.backend == "openai":
+            return {"base_url": self.base_url, "model": model, "api_key_env": self.api_key_env,
+                    "concurrency": self.concurrency, "adapter": adapter, "tokenizer": model}
+        options = {"model": model, "adapter": adapter, "batch_size": self.batch_size, "threads": self.threads}
+        if self.backend == "transformers":
+            options.update(cache=self.cache, compile_backend=self.compile_backend)
+        if self.backend == "vllm":
+            options.update(gpu_memory_utilization=self.vllm_gpu_memory, seed=self.seed, kv_cache_gib=self.vllm_kv_cache_gib)
+        return options
+
 
 class EngineerSettings(_Section):
     """The engineer step (``engineer`` section): who writes the next stage's configuration, and how its proposal is

@@ -40,20 +40,6 @@ from pipeline.progress import Progress
 from policy.backends import SamplingParams, make_backend
 
 
-def backend_options(policy: PolicySettings, settings: RolloutSettings, adapter: str | None) -> dict[str, Any]:
-    """The options of ``settings.backend``'s constructor (:data:`policy.backends.BACKENDS`)."""
-    if settings.backend == "openai":
-        return {"base_url": settings.base_url, "model": policy.model, "api_key_env": settings.api_key_env,
-                "concurrency": settings.concurrency, "adapter": adapter, "tokenizer": policy.model}
-    options = {"model": policy.model, "adapter": adapter, "batch_size": settings.batch_size, "threads": settings.threads}
-    if settings.backend == "transformers":
-        options.update(cache=settings.cache, compile_backend=settings.compile_backend)
-    if settings.backend == "vllm":
-        options.update(gpu_memory_utilization=settings.vllm_gpu_memory, seed=settings.seed,
-                       kv_cache_gib=settings.vllm_kv_cache_gib)
-    return options
-
-
 BUDGET_SLACK = 8
 """Tokens every automatic budget gets beyond ``optimal answer x (1 + budget_margin)`` (the answer's closing tag and
 end of sequence, on a short board)."""
@@ -119,7 +105,7 @@ def rollout(instances_path: str | Path, out: str | Path, policy: PolicySettings 
         return RolloutSummary(Path(out), 0, 0.0, 0, 0.0, 0.0, 0.0, 0.0)
     instances = parse_instances([r["instance"] for r in rows_in], instances_path)
     loading = time.perf_counter()
-    backend = backend or make_backend(settings.backend, **backend_options(policy, settings, adapter))
+    backend = backend or make_backend(settings.backend, **settings.backend_options(policy.model, adapter))
     load_seconds = time.perf_counter() - loading
     conversations = [build_messages(inst, policy.prompt) for inst in instances]
     optimal = optimal_answer_tokens(rows_in, instances, policy.prompt, backend.count_tokens, instances_path)

@@ -172,10 +172,8 @@ def test_every_registered_backend_builds_from_its_options_and_answers_in_the_one
     Generations per conversation; one that cannot run here (vLLM without a GPU) says how to get it."""
     from pipeline.params import PolicySettings, RolloutSettings
     from policy.backends import BACKENDS, Generation
-    from steps.rollout import backend_options
-
     settings = RolloutSettings(backend=name, base_url=served() if name == "openai" else None, api_key_env="", threads=1)
-    options = backend_options(PolicySettings(model=str(tiny_model_dir)), settings, None)
+    options = settings.backend_options(PolicySettings(model=str(tiny_model_dir)).model, None)
     try:
         backend = make_backend(name, **options)
     except BackendError as e:
