@@ -106,22 +106,25 @@ def dvc_env() -> dict[str, str]:
             "DVC_NO_ANALYTICS": "1"}
 
 
-def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_processes: bool = False) -> str:
+def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_processes: bool = False,
+        env: dict[str, str] | None = None) -> str:
     """Run ``dvc ARGS`` in ``repo``; its output, or :class:`DvcBusy` / :class:`DvcError` with the output's tail.
+    ``env``: variables set for the command (and the processes it starts) on top of :func:`dvc_env`.
 
     ``leaves_processes``: for a command that starts processes which outlive it (``dvc queue start``: a daemon per
     worker, which inherits the command's standard output and error). Its output then goes through a temporary file,
     not a pipe, so the call returns when the command ends: read from a pipe, it would last until the last of those
     processes ends, and with two workers one of them may never end (its shutdown message taken by the other; DVC issue
     10427)."""
+    environment = {**dvc_env(), **(env or {})}
     if leaves_processes:
         with tempfile.TemporaryFile(mode="w+") as out:
-            proc = subprocess.run(["dvc", *args], cwd=repo, env=dvc_env(), stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.run(["dvc", *args], cwd=repo, env=environment, stdout=out, stderr=subprocess.STDOUT,
                                   text=True, timeout=timeout)
             out.seek(0)
             stdout, stderr = out.read(), ""
     else:
-        proc = subprocess.run(["dvc", *args], cwd=repo, env=dvc_env(), capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(["dvc", *args], cwd=repo, env=environment, capture_output=True, text=True, timeout=timeout)
         stdout, stderr = proc.stdout, proc.stderr
     output = (stdout + stderr).strip()
     if proc.returncode != 0:

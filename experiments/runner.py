@@ -24,6 +24,7 @@ from typing import Any
 
 from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, set_words
 from experiments.plan import Experiment, seed_free_stages, shared_stages, unrestorable, waves
+from pipeline.workers import cpu_share
 
 
 def queue_args(item: Experiment, extra: dict[str, Any]) -> list[str]:
@@ -128,12 +129,17 @@ def wait_for_workers_to_leave(repo: Path, timeout: float = WORKERS_LEAVE_SECONDS
 
 def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
               stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
-    """``dvc queue start -j jobs``, then wait until each experiment of ``names`` has finished, printing progress;
+    """``dvc queue start -j jobs``, each experiment's processes given a ``1/jobs`` share of the CPU threads
+    (:func:`pipeline.workers.cpu_share`), then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
     once the queue is empty; when for ``stall_seconds`` none is left (:func:`queue_workers`, or one answering
     ``dvc queue status``) and no experiment's process runs (:func:`experiment_process_alive`) while some of ``names``
     are unfinished, raises :class:`QueueStalled` naming them, why and how to go on, instead of waiting forever."""
-    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True)
+    share = cpu_share(jobs)  # each experiment's processes get their part of the cores, not all of them each
+    if share:
+        print(f"{jobs} experiment(s) at once: each one's processes run with "
+              + ", ".join(f"{k}={v}" for k, v in share.items()) + " (set them to choose)", flush=True)
+    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True, env=share)
     seen = time.monotonic()
 
     def read() -> dict[str, str]:

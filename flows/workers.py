@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.workers import cpu_share
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -35,13 +37,15 @@ def parse_gpus(text: str) -> list[str]:
 
 
 def worker_commands(pool: str, gpus: list[str], slots: int, repo: Path) -> list[tuple[dict[str, str], list[str]]]:
-    """``(environment, argv)`` of each GPU's worker."""
+    """``(environment, argv)`` of each GPU's worker; its flow runs get their share of the CPU threads
+    (:func:`pipeline.workers.cpu_share` of all workers' runs at once)."""
     if slots < 1:
         raise ValueError(f"--slots {slots}: at least 1 flow run per worker")
     prefect = str(Path(sys.executable).with_name("prefect"))
     out = []
+    share = cpu_share(len(gpus) * slots)  # every flow run of every worker at once shares the cores
     for gpu in gpus:
-        env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpu, "ENV_ENGINEER_REPO": str(repo)}
+        env = {**os.environ, **share, "CUDA_VISIBLE_DEVICES": gpu, "ENV_ENGINEER_REPO": str(repo)}
         env.pop("ENV_ENGINEER_GPUS", None)  # the worker's GPU is the pin; no pool claims inside it
         argv = [prefect, "worker", "start", "--pool", pool, "--name", f"{pool}-gpu-{gpu}", "--limit", str(slots),
                 "--type", "process"]

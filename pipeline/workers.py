@@ -1,5 +1,6 @@
 """Process pools whose workers end with the process that started them: a step killed outright (SIGKILL, the machine's
-out-of-memory killer) leaves no worker behind, running on or blocked for ever on a queue nobody reads."""
+out-of-memory killer) leaves no worker behind, running on or blocked for ever on a queue nobody reads. And the share
+of the machine's cores that each of several processes running at once may use (:func:`cpu_share`)."""
 
 from __future__ import annotations
 
@@ -25,3 +26,26 @@ def _end_with(parent: int) -> None:
 def worker_pool(max_workers: int) -> ProcessPoolExecutor:
     """A process pool of ``max_workers`` whose workers end with this process."""
     return ProcessPoolExecutor(max_workers=max_workers, initializer=_end_with, initargs=(os.getpid(),))
+
+
+CPU_THREAD_VARIABLES = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS", "POLARS_MAX_THREADS")
+"""What sizes a process's CPU threads: torch's intra-op threads, the pool of compile workers that ``torch.compile``
+starts at its first compilation (``min(32, cores)`` processes, cached graphs or not), and polars' thread pool."""
+
+
+def cpu_share(processes: int, cores: int | None = None) -> dict[str, str]:
+    """The environment that gives each of ``processes`` running at once an equal share of ``cores`` (this process's
+    usable cores by default), at least one thread each: every variable of :data:`CPU_THREAD_VARIABLES` that the
+    environment does not set already (a value set there is kept, so a user can choose). Empty for one process.
+
+    Without it every process sizes its pools to the whole machine, so 24 experiments on 16 cores run hundreds of
+    threads and, at every training stage, one compile worker per core for each training process. ``torchrun`` sets
+    ``OMP_NUM_THREADS=1`` for the same reason when it starts several processes."""
+    if processes < 1:
+        raise ValueError(f"processes = {processes}: at least 1")
+    if processes == 1:
+        return {}
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    share = str(max(1, cores // processes))
+    return {name: os.environ.get(name, share) for name in CPU_THREAD_VARIABLES}

@@ -438,7 +438,7 @@ def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
                    "abc  e1  10:00  Failed\nghi  e1  10:01  Success\ndef  e2  10:00  Success\n",
                    "ghi  e1  10:01  Queued\nabc  e1  10:00  Failed\n"])
 
-    def fake_dvc(args, repo, leaves_processes=False):
+    def fake_dvc(args, repo, leaves_processes=False, env=None):
         calls.append(args[:3] if args[:2] != ["queue", "kill"] else args)
         if args[:2] == ["queue", "status"]:
             return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
@@ -474,7 +474,7 @@ def test_an_experiment_the_gpu_ran_out_of_memory_for_is_queued_again_once_with_h
     status = iter(["abc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n",
                    "ghi  e1  10:05  Failed\nabc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n"])
 
-    def fake_dvc(args, repo, leaves_processes=False):
+    def fake_dvc(args, repo, leaves_processes=False, env=None):
         calls.append(args)
         if args[:2] == ["queue", "status"]:
             return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
@@ -500,6 +500,32 @@ def test_an_experiment_the_gpu_ran_out_of_memory_for_is_queued_again_once_with_h
     assert "the GPU ran out of memory in e1; queued again with 1 worker(s)" in capsys.readouterr().err
 
 
+def test_the_queue_workers_share_the_cores_among_the_experiments(monkeypatch, capsys):
+    """``dvc queue start -j 4`` runs with each experiment's part of the CPU threads in its environment (every stage
+    process of every experiment inherits it from the workers); a value the user set is kept."""
+    from experiments import runner as compare
+    from pipeline.workers import CPU_THREAD_VARIABLES, cpu_share
+
+    envs = []
+
+    def fake_dvc(args, repo, leaves_processes=False, env=None):
+        if args[:2] == ["queue", "start"]:
+            envs.append(env)
+            return ""
+        if args[:2] == ["exp", "list"]:
+            return "e1\n"
+        return "Task  Name  Created  Status\nabc  e1  10:00  Success\n\nWorker status: 0 active, 0 idle\n"
+
+    for name in CPU_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("POLARS_MAX_THREADS", "3")
+    monkeypatch.setattr(compare, "dvc", fake_dvc)
+    monkeypatch.setattr(compare, "cpu_share", lambda jobs: cpu_share(jobs, cores=16))
+    assert compare.run_queue(Path("."), 4, ["e1"], poll_seconds=0.01) == {"e1": "Success"}
+    assert envs == [{"OMP_NUM_THREADS": "4", "TORCHINDUCTOR_COMPILE_THREADS": "4", "POLARS_MAX_THREADS": "3"}]
+    assert "OMP_NUM_THREADS=4" in capsys.readouterr().out
+
+
 def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
     """An unfinished experiment with no DVC worker answering for ``stall_seconds`` raises QueueStalled naming it
     (a killed worker left its task Running, which polling would read forever); a worker answering resets the wait,
@@ -508,7 +534,7 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
 
     replies = []
 
-    def fake_dvc(args, repo, leaves_processes=False):
+    def fake_dvc(args, repo, leaves_processes=False, env=None):
         if args[:2] == ["queue", "start"]:
             return ""
         if args[:2] == ["exp", "list"]:

@@ -108,5 +108,8 @@ def test_a_command_that_leaves_processes_returns_when_it_ends(tmp_path, monkeypa
     start = time.monotonic()
     assert dvc(["queue"], tmp_path, leaves_processes=True).strip() == "started queue"
     assert time.monotonic() - start < 10
+    fake.write_text("#!/bin/sh\necho $OMP_NUM_THREADS\n")
+    assert dvc(["queue"], tmp_path, leaves_processes=True, env={"OMP_NUM_THREADS": "3"}).strip() == "3"
+    fake.write_text("#!/bin/sh\nsleep 30 &\necho started $1\n")
     with pytest.raises(subprocess.TimeoutExpired):  # what the pipe did: wait for the child
         dvc(["queue"], tmp_path, timeout=3)

@@ -15,6 +15,8 @@ def test_one_worker_per_gpu_each_pinned_to_it(monkeypatch):
     argv = commands[1][1]
     assert argv[1:3] == ["worker", "start"] and argv[argv.index("--pool") + 1] == "gpu-pool"
     assert argv[argv.index("--name") + 1] == "gpu-pool-gpu-3" and argv[argv.index("--limit") + 1] == "2"
+    share = {k: v for k, v in commands[0][0].items() if k in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")}
+    assert len(share) == 2  # four flow runs at once share the cores
     with pytest.raises(ValueError, match="--slots 0"):
         worker_commands("gpu-pool", ["0"], 0, Path("/repo"))
 
