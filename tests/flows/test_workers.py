@@ -1,10 +1,12 @@
 """``env-engineer workers``: one Prefect worker per GPU, each pinned by its environment."""
 
+import os
 from pathlib import Path
 
 import pytest
 
 from flows.workers import parse_gpus, worker_commands
+from pipeline.workers import CPU_THREAD_VARIABLES, cpu_share
 
 
 def test_one_worker_per_gpu_each_pinned_to_it(monkeypatch):
@@ -15,8 +17,11 @@ def test_one_worker_per_gpu_each_pinned_to_it(monkeypatch):
     argv = commands[1][1]
     assert argv[1:3] == ["worker", "start"] and argv[argv.index("--pool") + 1] == "gpu-pool"
     assert argv[argv.index("--name") + 1] == "gpu-pool-gpu-3" and argv[argv.index("--limit") + 1] == "2"
-    share = {k: v for k, v in commands[0][0].items() if k in ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS")}
-    assert len(share) == 2  # four flow runs at once share the cores
+    assert all(env[k] == v for env, _ in commands for k, v in cpu_share(4).items())  # four flow runs at once
+    for name in CPU_THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    env = worker_commands("gpu-pool", ["0", "3"], 2, Path("/repo"))[0][0]
+    assert env["OMP_NUM_THREADS"] == env["TORCHINDUCTOR_COMPILE_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 4))
     with pytest.raises(ValueError, match="--slots 0"):
         worker_commands("gpu-pool", ["0"], 0, Path("/repo"))
 
