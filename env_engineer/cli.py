@@ -74,6 +74,8 @@ def commands() -> dict[str, tuple[str, ModuleType | None, str, str]]:
                          testbed, "add_diff_arguments", "run_diff"),
         # the policy
         "serve": ("Serve a model (+ LoRA adapter) over an OpenAI-compatible HTTP API.", serve, *step),
+        "train-server": ("Train every experiment's stages in warm processes (the train step with train.server set "
+                         "hands its stage here).", train, "add_server_arguments", "run_server"),
         # the project's own reference
         "reference": ("Write docs/reference/ (settings, configuration, datasets, commands) from the code, or check it.",
                       reference, *step),

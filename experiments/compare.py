@@ -159,12 +159,13 @@ def run(args: argparse.Namespace) -> int:
         extra = parse_overrides(args.set)
         engine = warm_engine.from_arguments(args, load_params(args.repo / "params.yaml", extra), extra,
                                             args.out_json.with_suffix(".serve.log"))
-        extra = {**extra, **engine.overrides()} if engine else extra
+        trainer = warm_engine.trainer_from_arguments(args, extra, args.out_json.with_suffix(".train.log"))
+        extra = {**extra, **(engine.overrides() if engine else {}), **(trainer.overrides() if trainer else {})}
         plan = comparison_plan(engineers, seeds, contexts)
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(args.repo / "params.yaml", {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        with warm_engine.serving(engine) as ready:
+        with warm_engine.serving(engine, trainer) as ready:
             ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit, ready)
                    if args.run else None)
         if args.workspaces:
@@ -182,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     meta = {"commit": git_commit(args.repo), "engineers": engineers, "seeds": seeds, "contexts": contexts,
-            "set": args.set, "reference": args.reference, "via": args.via, "jobs": args.jobs, "serve": args.serve,
+            "set": args.set, "reference": args.reference, "via": args.via, "jobs": args.jobs, "serve": args.serve, "warm_trainers": args.warm_trainers,
             "params": load_params(args.repo / "params.yaml", extra).model_dump(mode="json"), **(ran or {})}
     answers = outcomes(args.repo, records, plan, stages)
     if answers is not None:

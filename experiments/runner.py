@@ -278,9 +278,9 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
     (:func:`experiments.plan.seed_free_stages`) and, with ``commit``, what they changed committed
     (:func:`commit_shared`), then the plan wave by wave (:func:`experiments.plan.waves`) through DVC's queue with
     ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a last-stage result
-    is kept, not run again. ``ready`` (a warm engine's, :mod:`experiments.warm_engine`) is waited for after the
+    is kept, not run again. ``ready`` (the warm servers', :mod:`experiments.warm_engine`) is waited for after the
     workspace's stages, before the first wave. Returns what ran on what: wall seconds, the GPUs (kind, count), how busy
-    they were, and when a warm engine was waited for, how long after its start it answered."""
+    they were, and when warm servers were waited for, how long after its start the last one answered."""
     from experiments.machine import BusySampler, describe_gpus
     from experiments.records import experiment_records, last_stage_result
 

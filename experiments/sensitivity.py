@@ -134,12 +134,13 @@ def run(args: argparse.Namespace) -> int:
         params_path = args.repo / "params.yaml"
         extra = parse_overrides(args.set)
         engine = warm_engine.from_arguments(args, load_params(params_path, extra), extra, args.out.with_suffix(".serve.log"))
-        extra = {**extra, **engine.overrides()} if engine else extra
+        trainer = warm_engine.trainer_from_arguments(args, extra, args.out.with_suffix(".train.log"))
+        extra = {**extra, **(engine.overrides() if engine else {}), **(trainer.overrides() if trainer else {})}
         plan = sensitivity_plan(sequences, seeds)
         for item in plan:  # every experiment's parameters are checked before anything is queued
             load_params(params_path, {**item.sets, **extra})
         stages = pipeline_stages(args.repo)
-        with warm_engine.serving(engine) as ready:
+        with warm_engine.serving(engine, trainer) as ready:
             ran = (run_plan(args.repo, plan, extra, stages, args.jobs, args.via, args.deployment, args.commit, ready)
                    if args.run else None)
         records = experiment_records(experiments_shown(args.repo))
@@ -169,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     from experiments.compare import git_commit
 
     summary["not_run"] = absent
-    summary["settings"] = {"configs": args.configs, "seeds": seeds, "set": args.set, "agents": args.agents, "serve": args.serve,
+    summary["settings"] = {"configs": args.configs, "seeds": seeds, "set": args.set, "agents": args.agents,
+                           "serve": args.serve, "warm_trainers": args.warm_trainers,
                            "commit": git_commit(args.repo),
                            "params": load_params(params_path, extra).model_dump(mode="json"), **(ran or {})}
     atomic_write_text(args.out, json.dumps(summary, indent=2))

@@ -1,4 +1,5 @@
-"""One warm generation engine for every experiment of a study (``env-engineer compare --run --serve KIND``).
+"""One warm generation engine (``env-engineer compare --run --serve KIND``) and warm trainers (``--warm-trainers N``)
+for every experiment of a study.
 
 Without it each ``validate@k`` and ``evaluate@k`` of every experiment loads the model (and, on a GPU, compiles its
 decode step) in a process of its own. With it the study starts one OpenAI-compatible server before its first stage,
@@ -10,10 +11,17 @@ Servers (:data:`SERVERS`): ``vllm`` (``vllm serve`` with runtime LoRA loading, t
 PATH's) batches the requests of all experiments on one GPU; ``env-engineer`` (``env-engineer serve --adapters-from
 REPO``) answers them one at a time with the transformers backend, on any machine. The server's output goes to a log
 file, whose end is quoted when the server exits by itself or does not come up.
+
+Warm trainers (:class:`WarmTrainer`): ``env-engineer train-server`` with N worker processes
+(:func:`steps.train.run_server`), to which every experiment's ``train`` step hands its stage (``train.server``), so that
+no stage pays for a training process's start-up, model load and compilation. They take the GPUs of ``ENV_ENGINEER_GPUS`` in turn and hold no slot of
+it: size ``ENV_ENGINEER_GPU_SLOTS`` for what else trains beside them (nothing, with ``--serve`` too, once the
+workspace's shared stages are done).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -23,7 +31,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,9 +67,15 @@ class WarmEngine:
     concurrency: int = 256
     start_s: float = 600.0
 
+    label = "warm engine"
+
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def option(self) -> str:
+        return f"--serve {self.kind}"
 
     def command(self) -> list[str]:
         """The server's command line."""
@@ -70,6 +84,36 @@ class WarmEngine:
     def overrides(self) -> dict[str, Any]:
         """The settings every experiment runs with so that its rollouts are answered by this server."""
         return dict(zip(SETS, ("openai", self.base_url, None, self.concurrency)))
+
+
+TRAIN_SETS = ("train.server",)
+"""The settings warm trainers give every experiment (:meth:`WarmTrainer.overrides`)."""
+
+
+@dataclass(frozen=True)
+class WarmTrainer:
+    """``workers`` warm training processes for one study (``env-engineer train-server``), writing under ``repo``."""
+
+    workers: int
+    repo: Path
+    log: Path
+    port: int = 8100
+    start_s: float = 600.0
+    kind = "train-server"
+    label = "warm trainers"
+    option = "--warm-trainers"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "env_engineer", "train-server", "--root", str(self.repo.resolve()),
+                "--workers", str(self.workers), "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def overrides(self) -> dict[str, Any]:
+        """The settings every experiment runs with so that its stages are trained by these processes."""
+        return {"train.server": self.base_url}
 
 
 def vllm_program() -> list[str]:
@@ -141,8 +185,8 @@ class Serving:
     def __enter__(self) -> Callable[[], float]:
         e = self.engine
         if not port_free(e.port):
-            raise WarmEngineError(f"--serve-port {e.port}: something already listens there; stop it or give another "
-                                  "port")
+            raise WarmEngineError(f"{e.option}: port {e.port}: something already listens there; stop it or give "
+                                  "another port")
         e.log.parent.mkdir(parents=True, exist_ok=True)
         env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
         with open(e.log, "ab") as log:
@@ -150,19 +194,19 @@ class Serving:
                 self.process = subprocess.Popen(e.command(), stdout=log, stderr=subprocess.STDOUT, cwd=e.repo, env=env,
                                                 start_new_session=True)
             except OSError as err:
-                raise WarmEngineError(f"--serve {e.kind}: could not start `{e.command()[0]}` ({err}); "
+                raise WarmEngineError(f"{e.option}: could not start `{e.command()[0]}` ({err}); "
                                       + ("install vLLM (the gpu extra)" if e.kind == "vllm" else "")) from None
         self.began = time.monotonic()
         self._watch = threading.Thread(target=self._watch_exit, daemon=True)
         self._watch.start()
-        print(f"{time.strftime('%H:%M:%S')} warm engine: {e.kind} starting on {e.base_url} (log {e.log})", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} {e.label}: {e.kind} starting on {e.base_url} (log {e.log})", flush=True)
         return self.ready
 
     def _watch_exit(self) -> None:
         code = self.process.wait()
         if not self._stopping.is_set():
             when = "during the study" if self.answered else "before it answered"
-            print(f"warning: the warm engine exited ({code}) {when}; the end of {self.engine.log}:\n"
+            print(f"warning: the {self.engine.label} exited ({code}) {when}; the end of {self.engine.log}:\n"
                   f"{_tail(self.engine.log)}", file=sys.stderr, flush=True)
 
     def ready(self) -> float:
@@ -173,19 +217,19 @@ class Serving:
             if process is not None and process.poll() is not None:
                 if self._watch is not None:
                     self._watch.join(timeout=10)
-                raise WarmEngineError(f"--serve {e.kind}: the server exited ({process.returncode}) before it answered "
+                raise WarmEngineError(f"{e.option}: the server exited ({process.returncode}) before it answered "
                                       f"(the end of its log is above; all of it in {e.log})")
             try:
                 with urllib.request.urlopen(health, timeout=5) as r:
                     if r.status == 200:
                         self.answered = True
                         waited = time.monotonic() - self.began
-                        print(f"{time.strftime('%H:%M:%S')} warm engine: up after {waited:.0f} s", flush=True)
+                        print(f"{time.strftime('%H:%M:%S')} {e.label}: up after {waited:.0f} s", flush=True)
                         return waited
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() - self.began > e.start_s:
-                raise WarmEngineError(f"--serve {e.kind}: no answer on {health} within {e.start_s:.0f} s "
+                raise WarmEngineError(f"{e.option}: no answer on {health} within {e.start_s:.0f} s "
                                       f"(--serve-start-s); the end of {e.log}:\n{_tail(e.log)}")
             time.sleep(self.poll_s)
 
@@ -221,7 +265,13 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--serve-concurrency", type=int, default=256,
                         help="requests each rollout keeps in flight (rollout.concurrency; default %(default)s)")
     parser.add_argument("--serve-start-s", type=float, default=600.0,
-                        help="how long the server may take to answer before the study stops (default %(default)s)")
+                        help="how long a warm server may take to answer before the study stops (default %(default)s)")
+    parser.add_argument("--warm-trainers", type=int, default=0, metavar="N",
+                        help="with --run: train every experiment's stages in N warm processes (`env-engineer "
+                             "train-server`; they take the GPUs of ENV_ENGINEER_GPUS in turn) started for the study and "
+                             "stopped after it, instead of a new process per stage (default 0: a process per stage)")
+    parser.add_argument("--warm-trainers-port", type=int, default=8100,
+                        help="the warm trainers' port on 127.0.0.1 (default %(default)s)")
 
 
 def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> WarmEngine | None:
@@ -254,9 +304,32 @@ def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> 
                       start_s=args.serve_start_s)
 
 
-def serving(engine: WarmEngine | None) -> Any:
-    """``with serving(engine) as ready:``: :class:`Serving` for an engine; for None, nothing started and ``ready``
-    None."""
-    import contextlib
+def trainer_from_arguments(args: Any, extra: dict[str, Any], log: Path) -> WarmTrainer | None:
+    """The warm trainers ``--warm-trainers N`` asks for (None for 0), checked: with ``--run`` only, a port that is a
+    port and not the generation engine's, and no ``--set`` of the setting they give."""
+    if not args.warm_trainers:
+        return None
+    problems = []
+    if not args.run:
+        problems.append("--warm-trainers needs --run (they train the experiments this command runs)")
+    if not 1 <= args.warm_trainers <= 64:
+        problems.append(f"--warm-trainers {args.warm_trainers}: give 1 to 64 processes")
+    if not 1 <= args.warm_trainers_port <= 65535 or (args.serve and args.warm_trainers_port == args.serve_port):
+        problems.append(f"--warm-trainers-port {args.warm_trainers_port}: give a port from 1 to 65535 other than "
+                        "--serve-port's")
+    clash = [key for key in TRAIN_SETS if key in extra]
+    if clash:
+        problems.append(f"--warm-trainers sets {clash[0]} itself; leave out --set {clash[0]}=...")
+    if problems:
+        raise ValueError("; ".join(problems))
+    return WarmTrainer(args.warm_trainers, args.repo, log, args.warm_trainers_port, args.serve_start_s)
 
-    return Serving(engine) if engine is not None else contextlib.nullcontext(None)
+
+@contextlib.contextmanager
+def serving(*servers: WarmEngine | WarmTrainer | None) -> Iterator[Callable[[], float] | None]:
+    """``with serving(engine, trainer) as ready:``: :class:`Serving` for each server given (None skipped);
+    ``ready()`` waits until every one answers and returns the seconds the last took. Nothing given: ``ready`` is
+    None."""
+    with contextlib.ExitStack() as stack:
+        readies = [stack.enter_context(Serving(s)) for s in servers if s is not None]
+        yield (lambda: max(ready() for ready in readies)) if readies else None

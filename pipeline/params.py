@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from envgen.core import safe_yaml
 
@@ -293,6 +293,19 @@ class TrainSettings(_Section):
         "section), whose LoRA shape then replaces lora_r, lora_alpha and lora_targets.")
     accel: AccelSettings = Field(default_factory=AccelSettings, description="How fast the passes run "
                                  "(AccelSettings: padding-free batches, compilation, kernels, recomputation).")
+    server: str | None = Field(
+        None, description="Address of a warm trainer (`env-engineer train-server`, e.g. http://127.0.0.1:8100) that "
+        "trains the stage in one of its processes, kept warm for every experiment (libraries imported, model read, "
+        "kernels compiled once), with these settings and the same outputs; None: the step's own process trains it.")
+
+    @field_validator("server")
+    @classmethod
+    def _server_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"train.server {value!r}: give an http:// address, e.g. http://127.0.0.1:8100, or leave "
+                             "it empty to train in the step's own process")
+        return value
+
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:

@@ -47,6 +47,11 @@ def _slots() -> int:
     return int(text)
 
 
+def gpu_pool() -> list[str]:
+    """The GPU indices of ``ENV_ENGINEER_GPUS`` (empty without a pool)."""
+    return _pool()
+
+
 def world_size() -> int:
     """Processes of a distributed launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``); 1 otherwise."""
     return int(os.environ.get("WORLD_SIZE", "1") or 1)

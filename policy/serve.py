@@ -206,6 +206,27 @@ def _error(status: int, message: str, kind: str = "invalid_request_error", param
                         headers=headers)
 
 
+async def read_limited_body(request: Any, max_bytes: int, timeout_s: float) -> bytes:
+    """A request's body, at most ``max_bytes`` of it (413 beyond), within ``timeout_s`` (a body announced longer than
+    it is, or sent a byte at a time, gets 408): :class:`RequestError` otherwise."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > max_bytes):
+        raise RequestError(f"the body may hold at most {max_bytes:,} bytes", status=413)
+    data = bytearray()
+    chunks = request.stream().__aiter__()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, deadline - time.monotonic()))
+        except StopAsyncIteration:
+            return bytes(data)
+        except asyncio.TimeoutError:
+            raise RequestError(f"the body did not arrive within {timeout_s:g} s", status=408) from None
+        data += chunk
+        if len(data) > max_bytes:
+            raise RequestError(f"the body may hold at most {max_bytes:,} bytes", status=413)
+
+
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 """The Host names a server without an API key answers (and the address it was bound to, when that is one)."""
 
@@ -299,24 +320,7 @@ def make_app(backend: Backend, served_name: str | None = None, api_key: str | No
         return PlainTextResponse(f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 
     async def read_body(request: Request) -> bytes:
-        """The body, at most ``max_body_bytes`` of it, within ``read_timeout_s`` (a body announced longer than it is,
-        or sent a byte at a time, gets 408)."""
-        declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
-            raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
-        data = bytearray()
-        chunks = request.stream().__aiter__()
-        deadline = time.monotonic() + limits.read_timeout_s
-        while True:
-            try:
-                chunk = await asyncio.wait_for(chunks.__anext__(), timeout=max(0.0, deadline - time.monotonic()))
-            except StopAsyncIteration:
-                return bytes(data)
-            except asyncio.TimeoutError:
-                raise RequestError(f"the body did not arrive within {limits.read_timeout_s:g} s", status=408) from None
-            data += chunk
-            if len(data) > limits.max_body_bytes:
-                raise RequestError(f"the body may hold at most {limits.max_body_bytes:,} bytes", status=413)
+        return await read_limited_body(request, limits.max_body_bytes, limits.read_timeout_s)
 
     def busy() -> Any:
         """429 when the waiting room is full, else None."""

@@ -14,6 +14,10 @@ Settings: params.yaml's ``policy`` (model, prompt, reward) and ``train`` section
 (:class:`pipeline.params.TrainSettings`). How fast the passes run is :mod:`policy.accel`'s business, who samples GRPO's
 completions :func:`policy.grpo_rollout.grpo_sampler`'s; this file is the algorithm. Imports no Prefect, DVC or polars.
 
+With ``train.server`` set, the step hands the stage (a :class:`TrainJob`) to a warm trainer and waits: ``env-engineer
+train-server`` (:func:`run_server`; :mod:`policy.warm_workers`) runs :func:`train` on it in one of its processes,
+started once for every experiment's stages.
+
 Several GPUs: ``accelerate launch --multi_gpu --num_processes N -m env_engineer train ...`` runs it data-parallel
 (DDP): each process takes the GPU of its ``LOCAL_RANK``, the batch sizes stay global (``sft_batch_size`` examples and
 ``prompts_per_step * num_generations`` completions per optimizer step, split over the processes: gradient
@@ -34,6 +38,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from envgen.formats.dataset import parse_instances, read_instances, write_dataset
 from envgen.core.files import atomic_write_text, replace_dir
@@ -343,6 +349,153 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "policy's (start.train)")
 
 
+class TrainJob(BaseModel):
+    """One stage's training handed to a warm trainer: :func:`train`'s arguments (absolute paths) and settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instances: Path
+    out_adapter: Path
+    out_completions: Path
+    out_metrics: Path
+    out_details: Path | None = None
+    out_sft_history: Path | None = None
+    out_grpo_history: Path | None = None
+    init_adapter: Path | None = None
+    settings: TrainSettings
+    policy: PolicySettings
+
+
+PATH_FIELDS = ("instances", "out_adapter", "out_completions", "out_metrics", "out_details", "out_sft_history",
+               "out_grpo_history", "init_adapter")
+"""A job's paths: each must lie under the warm trainer's ``--root``."""
+
+
+def train_elsewhere(url: str, args: argparse.Namespace, settings: TrainSettings,
+                    policy: PolicySettings) -> dict[str, Any]:
+    """The stage trained by the warm trainer at ``url`` (``train.server``): :func:`train` with the same arguments, in a
+    process that every experiment's stages share; its metrics."""
+    from policy.warm_workers import WorkerServiceError, post_job
+
+    def absolute(path: Path | None) -> Path | None:
+        return None if path is None else path.resolve()
+
+    job = TrainJob(instances=absolute(args.instances), out_adapter=absolute(args.out_adapter),
+                   out_completions=absolute(args.out_completions), out_metrics=absolute(args.out_metrics),
+                   out_details=absolute(args.out_details), out_sft_history=absolute(args.out_sft_history),
+                   out_grpo_history=absolute(args.out_grpo_history), init_adapter=absolute(args.init_adapter),
+                   settings=settings, policy=policy)
+    print(f"train: the stage goes to the warm trainer at {url}", file=sys.stderr, flush=True)
+    try:
+        return post_job(url, job.model_dump_json().encode(), "train.server")
+    except WorkerServiceError as e:
+        raise ValueError(f"{e}; start `env-engineer train-server` there, or unset train.server to train in this "
+                         "process") from None
+
+
+def parse_job(raw: bytes, root: Path) -> TrainJob:
+    """A warm trainer's check of a job: its fields (the first bad one named), every path absolute and under ``root``."""
+    from policy.serve import RequestError
+
+    try:
+        job = TrainJob.model_validate_json(raw or b"null")
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "body"
+        raise RequestError(f"{field}: {first['msg']}", field) from None
+    for field in PATH_FIELDS:
+        path = getattr(job, field)
+        if path is None:
+            continue
+        if not path.is_absolute():
+            raise RequestError(f"{field}: give an absolute path (the server's folder is not the client's)", field)
+        if not path.resolve().is_relative_to(root):
+            raise RequestError(f"{field}: {path} is outside the folder this server trains for ({root}); start it "
+                               "with --root at the repository", field)
+    return job
+
+
+def train_job(job: TrainJob) -> dict[str, Any]:
+    """A warm trainer's worker training one job (:func:`train`), then giving its memory back for the next."""
+    import gc
+
+    import torch
+
+    if torch.cuda.is_available():  # the stage's own peak (gpu/peak_reserved_gib), not the worker's since it started
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        return train(job.instances, job.out_adapter, job.out_completions, job.out_metrics, job.settings, job.policy,
+                     job.init_adapter, job.out_details, job.out_sft_history, job.out_grpo_history, progress=False)
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def warm_worker() -> None:
+    """What a warm trainer's worker does once, at its start: import what training uses."""
+    import_libraries(reinforces=False)
+
+
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    from policy.warm_workers import JobLimits
+
+    parser.add_argument("--root", type=Path, required=True,
+                        help="the repository whose stages it trains: every path of a job must lie under it")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="warm training processes; they take the GPUs of ENV_ENGINEER_GPUS in turn (default "
+                             "%(default)s)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s: this machine only)")
+    parser.add_argument("--port", type=int, default=8100, help="port (default %(default)s)")
+    parser.add_argument("--max-waiting", type=int, default=JobLimits.max_waiting,
+                        help="jobs waiting for a worker beyond which the server answers 429 (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=JobLimits.timeout_s,
+                        help="seconds a job may take from its arrival before its client gets 504 (default %(default)s)")
+
+
+def run_server(args: argparse.Namespace) -> int:
+    """``env-engineer train-server``: warm processes that train the stages the train step hands them (``train.server``;
+    :mod:`policy.warm_workers`), each started once (libraries imported; the model's files and compiled kernels kept
+    from one stage to the next), with the step's own :func:`train`: the same outputs as the step's own process."""
+    from pipeline.workers import cpu_share
+    from policy.devices import gpu_pool
+    from policy.warm_workers import JobLimits, Workers, make_app
+
+    problems = []
+    if not args.root.is_dir():
+        problems.append(f"--root {args.root}: not a folder")
+    if not 1 <= args.workers <= 64:
+        problems.append(f"--workers {args.workers}: give 1 to 64")
+    if not 0 <= args.port <= 65535:
+        problems.append(f"--port {args.port}: give 0 to 65535")
+    if args.max_waiting < 0 or not args.timeout > 0:
+        problems.append("--max-waiting must be 0 or more and --timeout positive")
+    try:
+        gpu_pool()
+    except ValueError as e:
+        problems.append(str(e))
+    if problems:
+        print("error: " + "; ".join(problems), file=sys.stderr)
+        return 2
+    import uvicorn
+
+    from policy.serve import header_timeout_protocol
+
+    root = args.root.resolve()
+    limits = JobLimits(max_waiting=args.max_waiting, timeout_s=args.timeout)
+    workers = Workers(args.workers, warm_worker, cpu_share(args.workers))
+    app = make_app(workers, lambda raw: parse_job(raw, root), train_job, lambda job: f"trained {job.out_adapter}",
+                   limits, args.host, "env-engineer train-server")
+    print(f"training for {root} on http://{args.host}:{args.port} with {args.workers} warm worker(s) (Ctrl-C "
+          "stops)", flush=True)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=30,
+                    http=header_timeout_protocol(limits.read_timeout_s))
+    finally:
+        workers.shutdown()
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from policy.devices import claim_gpu_after
     from policy.models import ModelNotFoundError
@@ -352,11 +505,14 @@ def run(args: argparse.Namespace) -> int:
         if args.init_adapter is not None and not (args.init_adapter / "adapter_config.json").exists():
             raise ValueError(f"--init-adapter {args.init_adapter}: not a PEFT adapter folder (no adapter_config.json)")
         settings, policy = params.training(args.settings)
-        if world_size() == 1:  # a distributed launch gives each process its GPU
-            claim_gpu_after(lambda: import_libraries(settings.reinforces))
-        metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, settings,
-                        policy, args.init_adapter, args.out_details, args.out_sft_history,
-                        args.out_grpo_history, not args.no_progress)
+        if settings.server:
+            metrics = train_elsewhere(settings.server, args, settings, policy)
+        else:
+            if world_size() == 1:  # a distributed launch gives each process its GPU
+                claim_gpu_after(lambda: import_libraries(settings.reinforces))
+            metrics = train(args.instances, args.out_adapter, args.out_completions, args.out_metrics, settings,
+                            policy, args.init_adapter, args.out_details, args.out_sft_history,
+                            args.out_grpo_history, not args.no_progress)
     except (ParamsError, ValueError, ModelNotFoundError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

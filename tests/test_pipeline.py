@@ -139,16 +139,21 @@ def test_bad_data_stops_the_pipeline_with_a_clear_message(reproduced, tmp_path):
 
 
 def test_compare_queues_experiments_of_the_real_pipeline_and_restores_shared_stages(reproduced, tmp_path):
-    """`env-engineer compare --run --serve env-engineer` on the tiny pipeline: one warm server answers the rollouts of
-    every experiment, each stage's adapter loaded into it; DVC's queue runs each engineer's experiment; the stages
+    """`env-engineer compare --run --serve env-engineer --warm-trainers 1` on the tiny pipeline: one warm server answers
+    the rollouts of every experiment, each stage's adapter loaded into it, and one warm trainer trains every stage;
+    DVC's queue runs each engineer's experiment; the stages
     before the engineers' first decision are not computed again, and the table comes from `dvc exp show`."""
     repo, _ = reproduced
     out = tmp_path / "c.json"
     proc = sh([str(BIN / "env-engineer"), "compare", "--repo", str(repo), "--engineers", "fixed,heuristic", "--seeds", "0",
                "--run", "--jobs", "2", "--out-json", str(out), "--out-md", str(tmp_path / "c.md"),
-               "--serve", "env-engineer", "--serve-port", str(free_port())], repo)
+               "--serve", "env-engineer", "--serve-port", str(free_port()),
+               "--warm-trainers", "1", "--warm-trainers-port", str(free_port())], repo)
     run = json.loads(out.read_text())["run"]
     assert run["serve"] == "env-engineer" and run["params"]["rollout"]["backend"] == "openai" and run["warm_engine_up_s"] > 0
+    # every stage the experiments trained (the shared stage 0, then stage 1 of each) went to the one warm trainer
+    assert run["warm_trainers"] == 1 and run["params"]["train"]["server"].startswith("http://127.0.0.1:")
+    assert (tmp_path / "c.train.log").read_text().count(" trained ") >= 2
     loads = (tmp_path / "c.serve.log").read_text().count("loaded adapter adapter-")
     logs = {name: sh(["dvc", "queue", "logs", name], repo).stdout for name in ("cmp-fixed-s0", "cmp-heuristic-s0")}
     # the shared stage 0's adapter once (validate@0 loads it, evaluate@0 finds it loaded), then the stage-1 adapter of

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from experiments import warm_engine
-from experiments.warm_engine import SERVERS, Serving, WarmEngine, WarmEngineError, from_arguments
+from experiments.warm_engine import (SERVERS, Serving, WarmEngine, WarmEngineError, WarmTrainer, from_arguments,
+                                    trainer_from_arguments)
 from pipeline.params import load_params
 from tests.conftest import ROOT
 
@@ -71,6 +72,35 @@ def test_the_served_settings_are_checked_before_anything_starts():
             from_arguments(args(*words), params, {}, Path("log"))
     with pytest.raises(ValueError, match="leave out --set rollout.backend"):
         from_arguments(args("--run", "--serve", "env-engineer"), params, {"rollout.backend": "transformers"}, Path("log"))
+
+
+def test_the_warm_trainers_are_checked_and_point_every_experiment_at_them(tmp_path):
+    assert trainer_from_arguments(args("--run"), {}, Path("log")) is None
+    trainer = trainer_from_arguments(args("--run", "--warm-trainers", "4", "--warm-trainers-port", "8101"), {},
+                                     Path("t.log"))
+    assert trainer == WarmTrainer(4, ROOT, Path("t.log"), 8101, 600.0)
+    words = trainer.command()
+    assert words[words.index("train-server") + 1:] == ["--root", str(ROOT.resolve()), "--workers", "4", "--host",
+                                                         "127.0.0.1", "--port", "8101"]
+    assert trainer.overrides() == {"train.server": "http://127.0.0.1:8101"}
+    for words, needle in ((("--warm-trainers", "2"), "--warm-trainers needs --run"),
+                          (("--run", "--warm-trainers", "65"), "--warm-trainers 65"),
+                          (("--run", "--serve", "vllm", "--serve-port", "8100", "--warm-trainers", "2"),
+                           "other than --serve-port's")):
+        with pytest.raises(ValueError, match=needle):
+            trainer_from_arguments(args(*words), {}, Path("log"))
+    with pytest.raises(ValueError, match="leave out --set train.server"):
+        trainer_from_arguments(args("--run", "--warm-trainers", "1"), {"train.server": "http://x"}, Path("log"))
+
+
+def test_warm_trainers_that_exit_are_reported_with_the_end_of_their_log(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("ENV_ENGINEER_GPUS", "zero")  # refused by the server at its start
+    trainer = WarmTrainer(1, tmp_path, tmp_path / "t.log", port=free_port(), start_s=120)
+    with pytest.raises(WarmEngineError, match=r"--warm-trainers: the server exited \(2\) before it answered"):
+        with Serving(trainer, poll_s=0.2) as ready:
+            ready()
+    err = capsys.readouterr().err
+    assert "the warm trainers exited (2) before it answered" in err and "ENV_ENGINEER_GPUS='zero'" in err
 
 
 def test_a_port_already_taken_is_refused(tmp_path):
