@@ -1,0 +1,150 @@
+"""A comparison's stage trainings at once, two ways: each stage in a training process of its own, through the GPU slots
+(``ENV_ENGINEER_GPU_SLOTS``: a study without ``--warm-trainers``), and every stage handed by its ``train`` step to N
+warm trainers (``env-engineer train-server``: a study with ``--warm-trainers N``).
+
+    python bench/warm_trainers.py --params presets/gpu-distill.yaml --stages 24 --slots 10 --workers 8 --out x.json
+
+Draws ``--stages`` stages' instances once (each its own seed of the preset's round-0 environment; every ``--wide``-th
+stage 9x9 and 10x10 boards instead, the widest an engineer may choose), then trains them all at once, each from a fresh
+adapter, in four waves: processes; warm trainers just started (their first stages compile); the same warm trainers
+again (as at every later stage of a study); processes again (torch's compilation cache now warm, as after a study's
+first wave). Each wave's wall time runs from the moment its ``env-engineer train`` commands start to the last one's
+end (the warm trainers' own start is timed apart: a study pays it once, beside its first stages). Prints every wave's
+seconds, each stage's training seconds and GPU memory, and the same-run ratio of the later waves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeline.workers import cpu_share  # noqa: E402
+
+CLI = [sys.executable, "-m", "env_engineer"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def draw_stages(params: dict, count: int, wide: int, folder: Path) -> list[Path]:
+    """``count`` instance files: the round-0 environment under seeds 1..count, every ``wide``-th on 9x9 and 10x10."""
+    procs, files = [], []
+    for k in range(count):
+        env = json.loads(json.dumps(params["env"]))
+        env["seed"] = 1 + k
+        if wide and k % wide == wide - 1:
+            for size, cfg in env["sizes"].items():
+                cfg["data_ratio"] = 0.5 if int(size) >= 9 else 0.0
+        config, out = folder / f"config-{k}.yaml", folder / f"instances-{k}.parquet"
+        config.write_text(yaml.safe_dump(env))
+        procs.append(subprocess.Popen([*CLI, "generate-instances", "--config", str(config), "--out", str(out)],
+                                      stdout=subprocess.DEVNULL))
+        files.append(out)
+    if any(p.wait() for p in procs):
+        raise SystemExit("drawing a stage's instances failed")
+    return files
+
+
+def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str, str],
+         server: str | None) -> dict:
+    """Train every stage at once (``env-engineer train`` each, to the server when given); wall time and metrics."""
+    out = folder / name
+    shutil.rmtree(out, ignore_errors=True)
+    sets = ["--set", f"train.server={server}"] if server else []
+    start = time.perf_counter()
+    procs = [subprocess.Popen([*CLI, "train", "--params", str(params), "--instances", str(f),
+                               "--out-adapter", str(out / str(k) / "adapter"),
+                               "--out-completions", str(out / str(k) / "c.parquet"),
+                               "--out-metrics", str(out / str(k) / "m.json"), "--no-progress", *sets],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for k, f in enumerate(files)]
+    errors = [p.communicate()[1] for p in procs]
+    wall = time.perf_counter() - start
+    failed = [k for k, p in enumerate(procs) if p.returncode]
+    stages = [json.loads((out / str(k) / "m.json").read_text()) for k in range(len(files)) if k not in failed]
+    row = {"wave": name, "wall_s": round(wall, 1), "stages": len(stages), "failed": failed,
+           "errors": [errors[k][-400:] for k in failed][:3],
+           "train_s": [round(m["seconds"], 1) for m in stages],
+           "sft_s": [round(m["sft/seconds"], 1) for m in stages],
+           "peak_reserved_gib": [round(m.get("gpu/peak_reserved_gib", 0.0), 2) for m in stages],
+           "loss_last": [round(m["sft/loss_last"], 4) for m in stages]}
+    print(f"{name}: {wall:.1f} s for {len(files)} stages ({len(failed)} failed); training per stage median "
+          f"{statistics.median(row['train_s'] or [0]):.1f} s, peak reserved up to "
+          f"{max(row['peak_reserved_gib'] or [0]):.2f} GiB", flush=True)
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("presets/gpu-distill.yaml"))
+    parser.add_argument("--stages", type=int, default=24, help="stages trained at once (default 24: a comparison's)")
+    parser.add_argument("--wide", type=int, default=4, help="every k-th stage on 9x9-10x10 boards (0: none; default 4)")
+    parser.add_argument("--slots", type=int, default=10, help="training processes at once on the GPU (default 10)")
+    parser.add_argument("--workers", type=int, default=8, help="warm trainers (default 8)")
+    parser.add_argument("--folder", type=Path, default=Path("/tmp/warm-trainers-bench"))
+    parser.add_argument("--out", type=Path, default=None, help="also write the numbers here as JSON")
+    args = parser.parse_args()
+
+    args.folder.mkdir(parents=True, exist_ok=True)
+    params = yaml.safe_load(args.params.read_text())
+    params["train"]["init"] = "fresh"
+    params_file = args.folder / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    began = time.perf_counter()
+    files = draw_stages(params, args.stages, args.wide, args.folder)
+    print(f"drew {len(files)} stages in {time.perf_counter() - began:.1f} s", flush=True)
+    base = {**os.environ, "ENV_ENGINEER_GPUS": os.environ.get("ENV_ENGINEER_GPUS", "0")}
+    processes_env = {**base, "ENV_ENGINEER_GPU_SLOTS": str(args.slots), **cpu_share(args.stages)}
+    clients_env = {**base, **cpu_share(args.stages)}
+    rows = [wave("processes", params_file, files, args.folder, processes_env, None)]
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = open(args.folder / "train-server.log", "w")
+    server = subprocess.Popen([*CLI, "train-server", "--root", str(args.folder.resolve()), "--workers",
+                               str(args.workers), "--port", str(port)], env=base, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    started = time.perf_counter()
+    try:
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5):
+                    break
+            except OSError:
+                if server.poll() is not None or time.perf_counter() - started > 300:
+                    raise SystemExit(f"the warm trainers did not come up; see {log.name}")
+                time.sleep(0.5)
+        up = time.perf_counter() - started
+        print(f"warm trainers answering after {up:.1f} s", flush=True)
+        rows.append(wave("warm, first", params_file, files, args.folder, clients_env, url))
+        rows.append(wave("warm, again", params_file, files, args.folder, clients_env, url))
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    rows.append(wave("processes, again", params_file, files, args.folder, processes_env, None))
+    ratio = rows[3]["wall_s"] / rows[2]["wall_s"]
+    print(f"same run: processes (compilation cache warm) / warm trainers (again) = {ratio:.2f}", flush=True)
+    result = {"stages": args.stages, "wide_every": args.wide, "slots": args.slots, "workers": args.workers,
+              "warm_trainers_up_s": round(up, 1), "waves": rows, "ratio_processes_to_warm": round(ratio, 2)}
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
