@@ -35,6 +35,8 @@ class Progress:
         enabled: False prints nothing at all.
         every: seconds between two lines when not in a terminal.
         stream: where to write (standard error by default).
+
+    ``note`` (e.g. ``"loss 0.41"``), when set, ends every line and the bar.
     """
 
     def __init__(self, total: int, label: str, unit: str = "items", enabled: bool = True, every: float = 15.0,
@@ -43,6 +45,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = enabled
         self.done = 0
+        self.note = ""
         self.start = self.last = time.perf_counter()
         self._bar: Any = None
         if enabled and getattr(self.stream, "isatty", lambda: False)():
@@ -57,13 +60,15 @@ class Progress:
                 f"in {duration(elapsed)}")
         if 0 < self.done < self.total:
             text += f", about {duration(elapsed * (self.total - self.done) / self.done)} left"
-        return text
+        return f"{text}; {self.note}" if self.note else text
 
     def update(self, n: int = 1) -> None:
         self.done += n
         if not self.enabled:
             return
         if self._bar is not None:
+            if self.note:
+                self._bar.set_postfix_str(self.note, refresh=False)
             self._bar.update(n)
             return
         now = time.perf_counter()
@@ -90,7 +95,8 @@ class Progress:
 
 def trainer_progress(label: str, enabled: bool = True, every: float = 15.0) -> Any:
     """A transformers ``TrainerCallback`` that reports a trainer's steps through :class:`Progress` (the total is the
-    trainer's ``max_steps``, known once training begins)."""
+    trainer's ``max_steps``, known once training begins), with the last logged loss and reward. The trainer's own
+    printing of every log (transformers' ``PrinterCallback``) is for the trainer to remove: :func:`quiet`."""
     from transformers import TrainerCallback
 
     class StepProgress(TrainerCallback):
@@ -99,6 +105,11 @@ def trainer_progress(label: str, enabled: bool = True, every: float = 15.0) -> A
 
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             self.progress = Progress(state.max_steps, label, "steps", enabled, every)
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            note = ", ".join(f"{k} {logs[k]:.4g}" for k in ("loss", "reward") if isinstance((logs or {}).get(k), (int, float)))
+            if self.progress is not None and note:  # the closing log (train_loss, runtime) keeps the last step's
+                self.progress.note = note
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if self.progress is not None:
@@ -109,3 +120,13 @@ def trainer_progress(label: str, enabled: bool = True, every: float = 15.0) -> A
                 self.progress.close()
 
     return StepProgress()
+
+
+def quiet(trainer: Any) -> Any:
+    """``trainer`` without transformers' ``PrinterCallback``, which prints every log as a dictionary when the trainer
+    has no bar of its own (the project's trainers report through :func:`trainer_progress`; the logs stay in
+    ``trainer.state.log_history`` and the step's metrics)."""
+    from transformers import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)
+    return trainer

@@ -48,7 +48,7 @@ from envgen.llm.rates import group, rates, share
 from envgen.llm.reward import MAPFReward, instance_from_text
 from envgen.formats.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
-from pipeline.progress import trainer_progress
+from pipeline.progress import quiet, trainer_progress
 from policy.accel import (deferred_metrics_trainer, graph_steps, phase_clock, phase_profile, profile_callback,
                           step_clock, tokenizer_processes, trainer_arguments, training_kernels, uses_lora_autocast,
                           warm_start_collator)
@@ -123,8 +123,8 @@ def warm_start(model, tok, rows, config: TrainSettings, style: PromptStyle, devi
     clock = step_clock()
     callbacks = [c for c in (clock, trainer_progress("train (warm start)", progress), graph_steps(config, device, "sft"),
                              profile_callback("sft")) if c is not None]
-    trainer = deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos),
-                                         processing_class=tok, callbacks=callbacks)
+    trainer = quiet(deferred_metrics_trainer()(model=model, args=args, train_dataset=Dataset.from_list(demos),
+                                               processing_class=tok, callbacks=callbacks))
     trainer.data_collator = warm_start_collator(trainer, model, config, device)
     start = time.perf_counter()
     with training_kernels(model, config, device, "sft", uses_lora_autocast(config.accel.lora_autocast, device)) as graphed:
@@ -168,11 +168,11 @@ def grpo(model, tok, rows, config: TrainSettings, policy: PolicySettings, device
     reward = MAPFReward(policy.reward, on_score=recorder)
     phases: dict[str, float] = {}
     clock = step_clock(phases, "train (GRPO)", report=progress)
-    trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
-                          processing_class=tok, rollout_func=rollout_func,
-                          callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
-                                                 graph_steps(config, device, "grpo"),
-                                                 profile_callback("grpo")) if c is not None])
+    trainer = quiet(GRPOTrainer(model=model, reward_funcs=[reward], args=args, train_dataset=Dataset.from_list(data),
+                                processing_class=tok, rollout_func=rollout_func,
+                                callbacks=[c for c in (clock, trainer_progress("train (GRPO)", progress),
+                                                       graph_steps(config, device, "grpo"),
+                                                       profile_callback("grpo")) if c is not None]))
     start = time.perf_counter()
     try:
         with phase_clock(phases), training_kernels(model, config, device, "grpo", sampler.lora_autocast):

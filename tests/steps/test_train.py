@@ -355,6 +355,7 @@ def test_data_parallel_launch_on_two_processes(tiny_model_dir, stage, tmp_path):
     assert len(pq.read_table(out / "c.parquet")) == metrics["train/trajectories"] == 8  # both processes' completions
     assert (out / "adapter" / "adapter_config.json").exists()
     assert sorted(p.name for p in out.iterdir()) == ["adapter", "c.parquet", "d.json", "m.json"]
+    assert "'loss':" not in proc.stdout + proc.stderr  # no log printed as a dictionary (transformers' PrinterCallback)
     # a global batch the processes cannot share is refused, naming the field
     proc = subprocess.run(cmd + ["--set", "train.sft_micro_batch_size=4"], capture_output=True, text=True, env=env,
                           timeout=900)
