@@ -107,7 +107,8 @@ def trainer_progress(label: str, enabled: bool = True, every: float = 15.0) -> A
             self.progress = Progress(state.max_steps, label, "steps", enabled, every)
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
-            note = ", ".join(f"{k} {logs[k]:.4g}" for k in ("loss", "reward") if isinstance((logs or {}).get(k), (int, float)))
+            logs = logs or {}
+            note = ", ".join(f"{k} {logs[k]:.4g}" for k in ("loss", "reward") if isinstance(logs.get(k), (int, float)))
             if self.progress is not None and note:  # the closing log (train_loss, runtime) keeps the last step's
                 self.progress.note = note
 
