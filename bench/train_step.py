@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
-    from pipeline.params import PolicySettings, TrainSettings
+    from pipeline.params import PolicySettings
+    from pipeline.train_settings import TrainSettings
     from steps.train import train
 
     rows: list[dict[str, Any]] = []

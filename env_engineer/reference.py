@@ -44,7 +44,7 @@ def params_page() -> str:
     from pipeline.params import Params
 
     lines = [HEADER + "# params.yaml: every section and field", "",
-             "Each section is typed once in `pipeline/params.py`; every step reads it through one loader and takes "
+             "Each section is typed once in `pipeline/params.py` (`train` in `pipeline/train_settings.py`); every step reads it through one loader and takes "
              "overrides as `--set section.key=value` (the words of `dvc exp run -S`). A wrong section, field or value "
              "is an error naming it and the fix, before anything runs.", ""]
     seen: dict[type, str] = {}

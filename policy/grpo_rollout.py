@@ -349,7 +349,7 @@ class Sampler:
     """How GRPO samples its completions (:func:`grpo_sampler`).
 
     Attributes:
-        name: the ``train.sampler`` that runs (:data:`pipeline.params.SAMPLERS`), 'auto' resolved.
+        name: the ``train.sampler`` that runs (:data:`pipeline.train_settings.SAMPLERS`), 'auto' resolved.
         trl_args: what ``GRPOConfig`` takes for it.
         rollout_func: ``GRPOTrainer``'s ``rollout_func`` (None: TRL samples).
         lora_autocast: whether LoRA layers may take half-precision activations as they are (the project's samplers

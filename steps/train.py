@@ -1,8 +1,8 @@
-"""Pipeline step ``train``: one stage's training, by ``train.recipe`` (:data:`pipeline.params.RECIPES`): a supervised
-pass over the stage's own instances' solver demonstrations ('distill'; TRL ``SFTTrainer``, whose per-pass metrics stay
-on the device until a log line: :func:`policy.accel.deferred_metrics_trainer`), GRPO with the MAPF reward ('grpo'; TRL
-``GRPOTrainer``, configured, not subclassed), or the first then the second ('distill+grpo'), on a LoRA adapter (PEFT)
-that continues the previous stage's adapter or starts fresh.
+"""Pipeline step ``train``: one stage's training, by ``train.recipe`` (:data:`pipeline.train_settings.RECIPES`): a
+supervised pass over the stage's own instances' solver demonstrations ('distill'; TRL ``SFTTrainer``, whose per-pass
+metrics stay on the device until a log line: :func:`policy.accel.deferred_metrics_trainer`), GRPO with the MAPF reward
+('grpo'; TRL ``GRPOTrainer``, configured, not subclassed), or the first then the second ('distill+grpo'), on a LoRA
+adapter (PEFT) that continues the previous stage's adapter or starts fresh.
 
 Outputs: the adapter folder (PEFT format; replaced atomically, so a crash never leaves a half-written adapter where
 the next stage reads it), every GRPO completion with its reward and failure category (Parquet,
@@ -11,8 +11,9 @@ reward and validity overall and by quarter, wall time), the details (JSON: model
 step) and one history per curve (for ``dvc plots``: warm-start loss per step, GRPO reward and validity per step).
 
 Settings: params.yaml's ``policy`` (model, prompt, reward) and ``train`` sections
-(:class:`pipeline.params.TrainSettings`). How fast the passes run is :mod:`policy.accel`'s business, who samples GRPO's
-completions :func:`policy.grpo_rollout.grpo_sampler`'s; this file is the algorithm. Imports no Prefect, DVC or polars.
+(:class:`pipeline.train_settings.TrainSettings`). How fast the passes run is :mod:`policy.accel`'s business, who samples
+GRPO's completions :func:`policy.grpo_rollout.grpo_sampler`'s; this file is the algorithm. Imports no Prefect, DVC or
+polars.
 
 With ``train.server`` set, the step hands the stage (a :class:`TrainJob`) to a warm trainer and waits: ``env-engineer
 train-server`` (:func:`run_server`; :mod:`policy.warm_workers`) runs :func:`train` on it in one of its processes,
@@ -47,7 +48,8 @@ from envgen.llm.prompt import PromptStyle, build_messages, format_answer
 from envgen.llm.rates import group, rates, share
 from envgen.llm.reward import MAPFReward, instance_from_text
 from envgen.formats.schemas import COMPLETIONS
-from pipeline.params import ParamsError, PolicySettings, TrainSettings, add_params_arguments, load_params
+from pipeline.params import ParamsError, PolicySettings, add_params_arguments, load_params
+from pipeline.train_settings import TrainSettings
 from pipeline.progress import quiet, trainer_progress
 from policy.accel import (deferred_metrics_trainer, graph_steps, phase_clock, phase_profile, profile_callback,
                           step_clock, tokenizer_processes, trainer_arguments, training_kernels, uses_lora_autocast,

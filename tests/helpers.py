@@ -68,9 +68,9 @@ def write_params(path: Path, params: dict) -> Path:
 
 
 def train_settings(**keys):
-    """:class:`pipeline.params.TrainSettings` from flat keys, the speed settings (``AccelSettings``) put under
+    """:class:`pipeline.train_settings.TrainSettings` from flat keys, the speed settings (``AccelSettings``) put under
     ``accel`` as params.yaml nests them."""
-    from pipeline.params import AccelSettings, TrainSettings
+    from pipeline.train_settings import AccelSettings, TrainSettings
 
     accel = {**keys.pop("accel", {}), **{k: keys.pop(k) for k in list(keys) if k in AccelSettings.model_fields}}
     return TrainSettings(**keys, accel=accel)

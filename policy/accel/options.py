@@ -13,8 +13,8 @@ from policy.devices import world_size
 Phase = Literal["sft", "grpo"]
 """A training phase: the supervised pass ('sft') or GRPO ('grpo')."""
 Settings = Any
-"""The train step's settings, params.yaml's ``train`` section (:class:`pipeline.params.TrainSettings`): typed loosely
-because ``policy`` sits below ``pipeline`` and never imports it."""
+"""The train step's settings, params.yaml's ``train`` section (:class:`pipeline.train_settings.TrainSettings`):
+typed loosely because ``policy`` sits below ``pipeline`` and never imports it."""
 
 
 CHECKPOINTING_MIN_PARAMS = 1_000_000_000

@@ -138,7 +138,7 @@ def test_the_recipe_and_sampler_registries_are_the_settings_values_and_their_hel
     """``RECIPES`` and ``SAMPLERS`` list exactly the values the settings take, and each value's line is in the help."""
     import typing
 
-    from pipeline.params import RECIPES, SAMPLERS, TrainSettings
+    from pipeline.train_settings import RECIPES, SAMPLERS, TrainSettings
 
     for name, registry in (("recipe", RECIPES), ("sampler", SAMPLERS)):
         field = TrainSettings.model_fields[name]

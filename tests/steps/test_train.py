@@ -9,7 +9,8 @@ from envgen.formats.dataset import write_instances
 from envgen.generator import generate
 from envgen.llm.parse import ParsedPlan, parse_answer
 from envgen.llm.prompt import PromptStyle
-from pipeline.params import PolicySettings, TrainSettings
+from pipeline.params import PolicySettings
+from pipeline.train_settings import TrainSettings
 from policy.accel import kernels as accel_kernels
 from policy.accel import options as accel_options
 from policy.accel import profile as accel_profile

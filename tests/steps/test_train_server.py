@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 from envgen.core.config import EnvConfig, SizeConfig
 from envgen.formats.dataset import write_instances
 from envgen.generator import generate
-from pipeline.params import PolicySettings, TrainSettings
+from pipeline.params import PolicySettings
+from pipeline.train_settings import TrainSettings
 from policy.serve import RunningServer
 from policy.warm_workers import Workers, make_app
 from steps.train import main as train_main, parse_job, train_elsewhere, train_job, warm_worker
