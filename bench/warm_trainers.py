@@ -31,6 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeline.params import ParamsError, load_params  # noqa: E402
 from pipeline.workers import cpu_share  # noqa: E402
 
 CLI = [sys.executable, "-m", "env_engineer"]
@@ -87,6 +88,8 @@ def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str
     print(f"{name}: {wall:.1f} s for {len(files)} stages ({len(failed)} failed); training per stage median "
           f"{statistics.median(row['train_s'] or [0]):.1f} s, peak reserved up to "
           f"{max(row['peak_reserved_gib'] or [0]):.2f} GiB", flush=True)
+    if failed:
+        print(f"  stage {failed[0]} failed: {errors[failed[0]].strip()[-400:]}", flush=True)
     return row
 
 
@@ -106,6 +109,10 @@ def main() -> int:
     params["train"]["init"] = "fresh"
     params_file = args.folder / "params.yaml"
     params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:  # a wrong setting fails here, not in every stage of every wave
+        load_params(params_file)
+    except ParamsError as e:
+        raise SystemExit(f"error: {e}") from None
     began = time.perf_counter()
     files = draw_stages(params, args.stages, args.wide, args.folder)
     print(f"drew {len(files)} stages in {time.perf_counter() - began:.1f} s", flush=True)
@@ -137,13 +144,18 @@ def main() -> int:
         server.terminate()
         server.wait(timeout=60)
     rows.append(wave("processes, again", params_file, files, args.folder, processes_env, None))
-    ratio = rows[3]["wall_s"] / rows[2]["wall_s"]
-    print(f"same run: processes (compilation cache warm) / warm trainers (again) = {ratio:.2f}", flush=True)
+    failed = sum(len(row["failed"]) for row in rows[2:])
+    ratio = None if failed else rows[3]["wall_s"] / rows[2]["wall_s"]
+    if ratio is None:  # a wave whose stages failed ended early: its wall time says nothing
+        print(f"no ratio: {failed} stage(s) of the compared waves failed", flush=True)
+    else:
+        print(f"same run: processes (compilation cache warm) / warm trainers (again) = {ratio:.2f}", flush=True)
     result = {"stages": args.stages, "wide_every": args.wide, "slots": args.slots, "workers": args.workers,
-              "warm_trainers_up_s": round(up, 1), "waves": rows, "ratio_processes_to_warm": round(ratio, 2)}
+              "warm_trainers_up_s": round(up, 1), "waves": rows,
+              "ratio_processes_to_warm": None if ratio is None else round(ratio, 2)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
-    return 0
+    return 0 if ratio is not None else 1
 
 
 if __name__ == "__main__":
