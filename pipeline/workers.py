@@ -9,9 +9,11 @@ import signal
 from concurrent.futures import ProcessPoolExecutor
 
 
-def _end_with(parent: int) -> None:
-    """Pool initializer: have the kernel send SIGTERM to this worker when its parent ends (Linux's
-    ``PR_SET_PDEATHSIG``), and end now if the parent already has. Elsewhere a no-op."""
+def end_with_parent(parent: int | None = None) -> None:
+    """Have the kernel send SIGTERM to this process when its parent ends, however it ends (Linux's
+    ``PR_SET_PDEATHSIG``), and end now if the parent already has. ``parent``: the parent's pid as the parent saw it
+    (by default :mod:`multiprocessing`'s parent of this process). Elsewhere a no-op. A pool initializer, or the first
+    call of one."""
     try:
         import ctypes
 
@@ -19,13 +21,18 @@ def _end_with(parent: int) -> None:
         libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
+    if parent is None:
+        import multiprocessing
+
+        known = multiprocessing.parent_process()
+        parent = known.pid if known is not None else os.getppid()
     if os.getppid() != parent:  # the parent ended before the call above
         os._exit(1)
 
 
 def worker_pool(max_workers: int) -> ProcessPoolExecutor:
     """A process pool of ``max_workers`` whose workers end with this process."""
-    return ProcessPoolExecutor(max_workers=max_workers, initializer=_end_with, initargs=(os.getpid(),))
+    return ProcessPoolExecutor(max_workers=max_workers, initializer=end_with_parent, initargs=(os.getpid(),))
 
 
 CPU_THREAD_VARIABLES = ("OMP_NUM_THREADS", "TORCHINDUCTOR_COMPILE_THREADS", "POLARS_MAX_THREADS")

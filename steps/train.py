@@ -49,8 +49,9 @@ from envgen.llm.rates import group, rates, share
 from envgen.llm.reward import MAPFReward, instance_from_text
 from envgen.formats.schemas import COMPLETIONS
 from pipeline.params import ParamsError, PolicySettings, add_params_arguments, load_params
-from pipeline.train_settings import TrainSettings
 from pipeline.progress import quiet, trainer_progress
+from pipeline.train_settings import TrainSettings
+from pipeline.workers import cpu_share, end_with_parent
 from policy.accel import (deferred_metrics_trainer, graph_steps, phase_clock, phase_profile, profile_callback,
                           step_clock, tokenizer_processes, trainer_arguments, training_kernels, uses_lora_autocast,
                           warm_start_collator)
@@ -435,7 +436,10 @@ def train_job(job: TrainJob) -> dict[str, Any]:
 
 
 def warm_worker() -> None:
-    """What a warm trainer's worker does once, at its start: import what training uses."""
+    """What a warm trainer's worker does once, at its start: end with the server however the server ends (stopped with
+    SIGTERM, uvicorn raises the signal again once it has stopped, so the server's own clean-up never runs; killed, it
+    runs none), so that no worker is left holding memory or a GPU; then import what training uses."""
+    end_with_parent()
     import_libraries(reinforces=False)
 
 
@@ -459,7 +463,6 @@ def run_server(args: argparse.Namespace) -> int:
     """``env-engineer train-server``: warm processes that train the stages the train step hands them (``train.server``;
     :mod:`policy.warm_workers`), each started once (libraries imported; the model's files and compiled kernels kept
     from one stage to the next), with the step's own :func:`train`: the same outputs as the step's own process."""
-    from pipeline.workers import cpu_share
     from policy.devices import gpu_pool
     from policy.warm_workers import JobLimits, Workers, make_app
 
