@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import socket
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,10 @@ def train_settings(**keys):
 
     accel = {**keys.pop("accel", {}), **{k: keys.pop(k) for k in list(keys) if k in AccelSettings.model_fields}}
     return TrainSettings(**keys, accel=accel)
+
+
+def free_port() -> int:
+    """A port nothing listens on now at 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -13,14 +13,7 @@ import time
 import yaml
 
 from tests.conftest import BIN, ROOT, sh
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.helpers import free_port
 
 
 def test_dvc_repro_runs_the_curriculum(reproduced):

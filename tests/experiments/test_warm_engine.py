@@ -14,6 +14,7 @@ from experiments.warm_engine import (SERVERS, Serving, WarmEngine, WarmEngineErr
                                     trainer_from_arguments)
 from pipeline.params import load_params
 from tests.conftest import ROOT
+from tests.helpers import free_port
 
 
 def args(*words: str) -> argparse.Namespace:
@@ -23,12 +24,6 @@ def args(*words: str) -> argparse.Namespace:
     parser.add_argument("--repo", type=Path, default=ROOT)
     warm_engine.add_arguments(parser)
     return parser.parse_args(list(words))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_server_has_a_help_sentence_and_a_command():

@@ -3,13 +3,11 @@ handed to it is the stage the step trains itself, a job it must not run is refus
 workers end with it."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
@@ -22,7 +20,7 @@ from pipeline.train_settings import TrainSettings
 from policy.serve import RunningServer
 from policy.warm_workers import Workers, make_app
 from steps.train import main as train_main, parse_job, train_elsewhere, train_job, warm_worker
-from tests.helpers import tiny_params, write_params
+from tests.helpers import free_port, tiny_params, write_params
 
 
 @pytest.fixture(scope="module")
@@ -139,53 +137,29 @@ def test_train_server_in_params_must_be_an_address():
         TrainSettings(server="localhost:8100")
 
 
-def children(pid):
-    """The processes whose parent is ``pid`` (Linux's /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def alive(pid):
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the workers are bound to the server's life on Linux only")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
 def test_the_workers_end_with_the_server_however_it_is_stopped(repo, sig):
     """uvicorn raises a SIGTERM again once it has stopped, so the server's own clean-up never runs; a SIGKILL runs
     none: its warm workers must not outlive it, holding memory or a GPU."""
-    import socket
+    import psutil
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "env_engineer", "train-server", "--root", str(repo), "--workers",
-                               "2", "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                               "2", "--port", str(free_port())], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     workers = []
     try:
         deadline = time.monotonic() + 120
-        while len(workers := [c for c in children(server.pid)
-                              if "multiprocessing-fork" in Path(f"/proc/{c}/cmdline").read_text()]) < 2:
+        while len(workers := [c for c in psutil.Process(server.pid).children()
+                              if "--multiprocessing-fork" in c.cmdline()]) < 2:
             assert server.poll() is None and time.monotonic() < deadline, "the server did not start its workers"
             time.sleep(0.2)
         server.send_signal(sig)
         server.wait(timeout=60)
-        deadline = time.monotonic() + 60
-        while any(alive(w) for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not any(alive(w) for w in workers), f"workers {workers} outlived the server ({sig.name})"
+        _, alive = psutil.wait_procs(workers, timeout=60)
+        assert not alive, f"workers {[w.pid for w in alive]} outlived the server ({sig.name})"
     finally:
         server.kill()
-        for w in filter(alive, workers):
-            os.kill(w, signal.SIGKILL)
+        for w in workers:
+            if w.is_running():
+                w.kill()
