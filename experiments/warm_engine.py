@@ -21,6 +21,7 @@ workspace's shared stages are done).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import signal
@@ -53,7 +54,9 @@ class WarmEngine:
     """A generation server for one study. ``model``: ``policy.model`` (requests name it; the server is told to serve
     it under that name); ``folder``: where its weights are; ``lora_rank``: the largest adapter rank it must take;
     ``adapters``: adapters it keeps ready at once (about the experiments running at once); ``gpu_memory``: vLLM's
-    share of the GPU (the rest is the experiments' training); ``start_s``: how long it may take to come up."""
+    share of the GPU (the rest is the experiments' training); ``kv_cache_gib``: vLLM's KV cache, a fixed size (None:
+    vLLM sizes it from ``gpu_memory`` by profiling the card, which counts whatever else starts on the card meanwhile
+    as its own use); ``start_s``: how long it may take to come up."""
 
     kind: str
     model: str
@@ -63,6 +66,7 @@ class WarmEngine:
     lora_rank: int = 64
     adapters: int = 8
     gpu_memory: float = 0.3
+    kv_cache_gib: float | None = 4.0
     port: int = 8000
     concurrency: int = 256
     start_s: float = 600.0
@@ -130,10 +134,12 @@ def vllm_program() -> list[str]:
 
 def _vllm(engine: WarmEngine) -> list[str]:
     rank = next((r for r in VLLM_LORA_RANKS if r >= engine.lora_rank), engine.lora_rank)
+    kv_cache = [] if engine.kv_cache_gib is None else ["--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2 ** 30))]
     return [*vllm_program(), "serve", str(engine.folder),
             "--served-model-name", engine.model, "--enable-lora", "--max-lora-rank", str(rank),
             "--max-loras", str(engine.adapters),
-            "--gpu-memory-utilization", str(engine.gpu_memory), "--host", "127.0.0.1", "--port", str(engine.port),
+            "--gpu-memory-utilization", str(engine.gpu_memory), *kv_cache,
+            "--host", "127.0.0.1", "--port", str(engine.port),
             "--disable-uvicorn-access-log"]  # a line per request of every experiment otherwise
 
 
@@ -252,6 +258,16 @@ class Serving:
             self._watch.join(timeout=10)  # its report, if the server ended by itself, is out before the study's
 
 
+def kv_cache_size(text: str) -> float | None:
+    """``--serve-kv-cache-gib``'s value: GiB, or None for 'auto' (vLLM sizes it by profiling)."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a size in GiB (e.g. 4) or auto") from None
+
+
 def add_arguments(parser: Any) -> None:
     """``--serve`` and its settings, for the commands that run studies (``compare``, ``sensitivity``)."""
     parser.add_argument("--serve", choices=sorted(SERVERS), default=None,
@@ -260,8 +276,13 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--serve-port", type=int, default=8000,
                         help="the warm server's port on 127.0.0.1 (default %(default)s)")
     parser.add_argument("--serve-gpu-memory", type=float, default=0.3,
-                        help="vllm: the share of the GPU's memory the server takes; the experiments' training passes "
-                             "share the rest (default %(default)s)")
+                        help="vllm: the share of the GPU's memory the server may take, which vLLM checks is free when "
+                             "it starts; the experiments' training passes share the rest (default %(default)s)")
+    parser.add_argument("--serve-kv-cache-gib", type=kv_cache_size, default=4.0, metavar="GIB",
+                        help="vllm: its KV cache in GiB, a fixed size, so that the training processes starting on the "
+                             "same card while vLLM measures its memory cannot leave it none; 'auto': vLLM sizes it "
+                             "from --serve-gpu-memory by profiling the card, right only when nothing else starts on "
+                             "it meanwhile (default %(default)s)")
     parser.add_argument("--serve-concurrency", type=int, default=256,
                         help="requests each rollout keeps in flight (rollout.concurrency; default %(default)s)")
     parser.add_argument("--serve-start-s", type=float, default=600.0,
@@ -286,6 +307,8 @@ def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> 
         problems.append(f"--serve-port {args.serve_port}: give a port from 1 to 65535")
     if not 0 < args.serve_gpu_memory < 1:
         problems.append(f"--serve-gpu-memory {args.serve_gpu_memory}: give a share between 0 and 1")
+    if args.serve_kv_cache_gib is not None and not args.serve_kv_cache_gib > 0:
+        problems.append(f"--serve-kv-cache-gib {args.serve_kv_cache_gib}: give a positive size in GiB, or auto")
     if not 1 <= args.serve_concurrency <= 4096:
         problems.append(f"--serve-concurrency {args.serve_concurrency}: give 1 to 4096")
     if not args.serve_start_s > 0:
@@ -300,7 +323,7 @@ def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> 
     folder = resolve_model(params.policy.model) if args.serve == "vllm" else Path(params.policy.model)
     return WarmEngine(args.serve, params.policy.model, folder, args.repo, log,
                       lora_rank=max(params.train.lora_r, params.start.train.lora_r), adapters=max(1, args.jobs),
-                      gpu_memory=args.serve_gpu_memory, port=args.serve_port, concurrency=args.serve_concurrency,
+                      gpu_memory=args.serve_gpu_memory, kv_cache_gib=args.serve_kv_cache_gib, port=args.serve_port, concurrency=args.serve_concurrency,
                       start_s=args.serve_start_s)
 
 

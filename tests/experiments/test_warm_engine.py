@@ -62,11 +62,28 @@ def test_the_served_settings_are_checked_before_anything_starts():
     for words, needle in ((("--serve", "vllm"), "--serve needs --run"),
                           (("--run", "--serve", "vllm", "--serve-port", "0"), "--serve-port 0"),
                           (("--run", "--serve", "vllm", "--serve-gpu-memory", "1.5"), "--serve-gpu-memory 1.5"),
+                          (("--run", "--serve", "vllm", "--serve-kv-cache-gib", "0"), "--serve-kv-cache-gib 0"),
                           (("--run", "--serve", "vllm", "--serve-start-s", "0"), "--serve-start-s 0")):
         with pytest.raises(ValueError, match=needle):
             from_arguments(args(*words), params, {}, Path("log"))
     with pytest.raises(ValueError, match="leave out --set rollout.backend"):
         from_arguments(args("--run", "--serve", "env-engineer"), params, {"rollout.backend": "transformers"}, Path("log"))
+
+
+def test_vllm_gets_a_fixed_kv_cache_unless_told_to_profile_the_card():
+    """Measuring the card while the experiments' trainers load onto it once left vLLM no KV cache at all; a fixed size
+    is not measured (vLLM's --kv-cache-memory-bytes), and 'auto' leaves the sizing to vLLM's profile."""
+    params = load_params(ROOT / "presets" / "gpu-distill.yaml")
+    for words, size in (((), 4 * 2 ** 30), (("--serve-kv-cache-gib", "1.5"), 3 * 2 ** 29),
+                        (("--serve-kv-cache-gib", "AUTO"), None)):
+        command = from_arguments(args("--run", "--serve", "vllm", *words), params, {}, Path("log")).command()
+        if size is None:
+            assert "--kv-cache-memory-bytes" not in command
+        else:
+            assert command[command.index("--kv-cache-memory-bytes") + 1] == str(size)
+        assert command[command.index("--gpu-memory-utilization") + 1] == "0.3"
+    with pytest.raises(SystemExit):
+        args("--run", "--serve", "vllm", "--serve-kv-cache-gib", "lots")
 
 
 def test_the_warm_trainers_are_checked_and_point_every_experiment_at_them(tmp_path):
