@@ -116,11 +116,13 @@ class JobLimits:
     read_timeout_s: float = 30.0
 
 
-def make_app(workers: Workers, parse: Callable[[bytes], Any], run: Callable[[Any], Any], describe: Callable[[Any], str],
+def make_app(workers: Workers, parse: Callable[[bytes], Any], run: Callable[[Any], Any],
+             describe: Callable[[Any, Any], str],
              limits: JobLimits = JobLimits(), host: str = "127.0.0.1", title: str = "env-engineer workers") -> Any:
     """The FastAPI application: ``parse`` checks a body (raising :class:`policy.serve.RequestError`), ``run`` (a
-    module-level function, so that it reaches a worker) runs what it returned in a worker, ``describe`` names a job in
-    the server's log."""
+    module-level function, so that it reaches a worker) runs what it returned in a worker, ``describe`` says in the
+    server's log what a job was and what it returned (the line adds how long it took from its arrival, its wait for a
+    worker included)."""
     from fastapi import FastAPI, Request
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -171,7 +173,7 @@ def make_app(workers: Workers, parse: Callable[[bytes], Any], run: Callable[[Any
         finally:
             workers.running -= 1
         workers.done += 1
-        print(f"{time.strftime('%H:%M:%S')} {describe(job)} in {time.monotonic() - began:.1f} s ({workers.running} "
+        print(f"{time.strftime('%H:%M:%S')} {describe(job, result)} in {time.monotonic() - began:.1f} s ({workers.running} "
               "running or waiting)", flush=True)
         return {"result": json.loads(json.dumps(result, default=str))}
 

@@ -435,6 +435,16 @@ def train_job(job: TrainJob) -> dict[str, Any]:
             torch.cuda.empty_cache()
 
 
+def trained_line(job: TrainJob, metrics: dict[str, Any]) -> str:
+    """The warm trainer's log line for a stage: its adapter, then how long its training took in the worker and, of
+    that, the supervised pass (what the line's whole time adds beyond them is the wait for a worker and the stage's
+    files)."""
+    parts = [f"training {metrics['seconds']:.1f} s"] if "seconds" in metrics else []
+    if "sft/seconds" in metrics:
+        parts.append(f"supervised pass {metrics['sft/seconds']:.1f} s, {metrics['sft/steps']} steps")
+    return f"trained {job.out_adapter}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
 def warm_worker() -> None:
     """What a warm trainer's worker does once, at its start: end with the server however the server ends (stopped with
     SIGTERM, uvicorn raises the signal again once it has stopped, so the server's own clean-up never runs; killed, it
@@ -489,8 +499,8 @@ def run_server(args: argparse.Namespace) -> int:
     root = args.root.resolve()
     limits = JobLimits(max_waiting=args.max_waiting, timeout_s=args.timeout)
     workers = Workers(args.workers, warm_worker, cpu_share(args.workers))
-    app = make_app(workers, lambda raw: parse_job(raw, root), train_job, lambda job: f"trained {job.out_adapter}",
-                   limits, args.host, "env-engineer train-server")
+    app = make_app(workers, lambda raw: parse_job(raw, root), train_job, trained_line, limits, args.host,
+                   "env-engineer train-server")
     print(f"training for {root} on http://{args.host}:{args.port} with {args.workers} warm worker(s) (Ctrl-C "
           "stops)", flush=True)
     try:

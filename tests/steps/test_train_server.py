@@ -3,6 +3,7 @@ handed to it is the stage the step trains itself, a job it must not run is refus
 workers end with it."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from pipeline.params import PolicySettings
 from pipeline.train_settings import TrainSettings
 from policy.serve import RunningServer
 from policy.warm_workers import Workers, make_app
-from steps.train import main as train_main, parse_job, train_elsewhere, train_job, warm_worker
+from steps.train import main as train_main, parse_job, train_elsewhere, train_job, trained_line, warm_worker
 from tests.helpers import free_port, tiny_params, write_params
 
 
@@ -43,7 +44,7 @@ def stage_args(root, out, *sets):
 
 
 def trainer_app(workers, root):
-    return make_app(workers, lambda raw: parse_job(raw, root), train_job, lambda job: f"trained {job.out_adapter}")
+    return make_app(workers, lambda raw: parse_job(raw, root), train_job, trained_line)
 
 
 def test_a_stage_handed_to_the_warm_trainer_is_the_stage_its_own_process_trains(repo, capsys, monkeypatch):
@@ -62,6 +63,9 @@ def test_a_stage_handed_to_the_warm_trainer_is_the_stage_its_own_process_trains(
                            "--set", f"train.server={url}"]) == 0
         with urllib.request.urlopen(url + "/health") as r:
             health = json.loads(r.read())
+        # the server's line says where the stage's time went: the training in the worker, and its supervised pass
+        assert re.search(r"trained \S+there2/adapter \(training [\d.]+ s; supervised pass [\d.]+ s, \d+ steps\) in "
+                         r"[\d.]+ s \(0 running or waiting\)", capsys.readouterr().out)
     finally:
         server.stop()
         workers.shutdown()
