@@ -4,6 +4,7 @@ workers end with it."""
 
 import json
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +134,33 @@ def test_the_warm_trainer_refuses_what_it_must_not_run(repo, tmp_path, tiny_mode
                                out_details=None, out_sft_history=None, out_grpo_history=None, init_adapter=None)
     with pytest.raises(ValueError, match="no answer .*start `env-engineer train-server` there"):
         train_elsewhere(url, paths, TrainSettings(), PolicySettings())  # stopped: nothing listens there now
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on the CPU needs a C++ compiler")
+def test_a_warm_workers_next_stage_compiles_nothing_again(repo, tiny_model_dir):
+    """A warm worker trains each stage on a model loaded afresh; its compiled decoder layers must come from the first
+    stage's compilation (torch.compile's cache keys on the layer's code and the backend's settings, not on the model),
+    else every stage would pay the compilation a process of its own pays."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    from steps.train import train
+
+    settings = TrainSettings(recipe="distill", sft_batch_size=4, threads=1, lora_r=4, lora_alpha=8, device="cpu",
+                             accel={"torch_compile": "sft", "compile_scope": "layers"})
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        graphs = []
+        for stage in range(2):
+            out = repo / f"compiled-{stage}"
+            train(repo / "instances.parquet", out / "adapter", out / "c.parquet", out / "m.json", settings,
+                  PolicySettings(model=str(tiny_model_dir)), progress=False)
+            graphs.append(counters["stats"]["unique_graphs"])
+        assert graphs[0] >= 1 and graphs[1] == graphs[0], f"graphs compiled after each stage: {graphs}"
+        assert not counters["recompiles"], dict(counters["recompiles"])
+    finally:
+        torch._dynamo.reset()
 
 
 def test_train_server_in_params_must_be_an_address():
