@@ -134,7 +134,8 @@ def vllm_program() -> list[str]:
 
 def _vllm(engine: WarmEngine) -> list[str]:
     rank = next((r for r in VLLM_LORA_RANKS if r >= engine.lora_rank), engine.lora_rank)
-    kv_cache = [] if engine.kv_cache_gib is None else ["--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2 ** 30))]
+    kv_cache = ([] if engine.kv_cache_gib is None
+                else ["--kv-cache-memory-bytes", str(int(engine.kv_cache_gib * 2 ** 30))])
     return [*vllm_program(), "serve", str(engine.folder),
             "--served-model-name", engine.model, "--enable-lora", "--max-lora-rank", str(rank),
             "--max-loras", str(engine.adapters),
@@ -323,8 +324,8 @@ def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> 
     folder = resolve_model(params.policy.model) if args.serve == "vllm" else Path(params.policy.model)
     return WarmEngine(args.serve, params.policy.model, folder, args.repo, log,
                       lora_rank=max(params.train.lora_r, params.start.train.lora_r), adapters=max(1, args.jobs),
-                      gpu_memory=args.serve_gpu_memory, kv_cache_gib=args.serve_kv_cache_gib, port=args.serve_port, concurrency=args.serve_concurrency,
-                      start_s=args.serve_start_s)
+                      gpu_memory=args.serve_gpu_memory, kv_cache_gib=args.serve_kv_cache_gib, port=args.serve_port,
+                      concurrency=args.serve_concurrency, start_s=args.serve_start_s)
 
 
 def trainer_from_arguments(args: Any, extra: dict[str, Any], log: Path) -> WarmTrainer | None:

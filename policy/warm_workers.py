@@ -173,8 +173,8 @@ def make_app(workers: Workers, parse: Callable[[bytes], Any], run: Callable[[Any
         finally:
             workers.running -= 1
         workers.done += 1
-        print(f"{time.strftime('%H:%M:%S')} {describe(job, result)} in {time.monotonic() - began:.1f} s ({workers.running} "
-              "running or waiting)", flush=True)
+        print(f"{time.strftime('%H:%M:%S')} {describe(job, result)} in {time.monotonic() - began:.1f} s "
+              f"({workers.running} running or waiting)", flush=True)
         return {"result": json.loads(json.dumps(result, default=str))}
 
     return app

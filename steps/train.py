@@ -439,10 +439,10 @@ def trained_line(job: TrainJob, metrics: dict[str, Any]) -> str:
     """The warm trainer's log line for a stage: its adapter, then how long its training took in the worker and, of
     that, the supervised pass (what the line's whole time adds beyond them is the wait for a worker and the stage's
     files)."""
-    parts = [f"training {metrics['seconds']:.1f} s"] if "seconds" in metrics else []
+    parts = [f"training {metrics['seconds']:.1f} s"]
     if "sft/seconds" in metrics:
         parts.append(f"supervised pass {metrics['sft/seconds']:.1f} s, {metrics['sft/steps']} steps")
-    return f"trained {job.out_adapter}" + (f" ({'; '.join(parts)})" if parts else "")
+    return f"trained {job.out_adapter} ({'; '.join(parts)})"
 
 
 def warm_worker() -> None:

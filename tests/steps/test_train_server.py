@@ -12,7 +12,9 @@ import time
 import urllib.request
 
 import pytest
+import torch
 from safetensors.torch import load_file
+from torch._dynamo.utils import counters
 
 from envgen.core.config import EnvConfig, SizeConfig
 from envgen.formats.dataset import write_instances
@@ -21,7 +23,7 @@ from pipeline.params import PolicySettings
 from pipeline.train_settings import TrainSettings
 from policy.serve import RunningServer
 from policy.warm_workers import Workers, make_app
-from steps.train import main as train_main, parse_job, train_elsewhere, train_job, trained_line, warm_worker
+from steps.train import main as train_main, parse_job, train, train_elsewhere, train_job, trained_line, warm_worker
 from tests.helpers import free_port, tiny_params, write_params
 
 
@@ -141,11 +143,6 @@ def test_a_warm_workers_next_stage_compiles_nothing_again(repo, tiny_model_dir):
     """A warm worker trains each stage on a model loaded afresh; its compiled decoder layers must come from the first
     stage's compilation (torch.compile's cache keys on the layer's code and the backend's settings, not on the model),
     else every stage would pay the compilation a process of its own pays."""
-    import torch
-    from torch._dynamo.utils import counters
-
-    from steps.train import train
-
     settings = TrainSettings(recipe="distill", sft_batch_size=4, threads=1, lora_r=4, lora_alpha=8, device="cpu",
                              accel={"torch_compile": "sft", "compile_scope": "layers"})
     torch._dynamo.reset()
