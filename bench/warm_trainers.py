@@ -10,7 +10,11 @@ adapter, in four waves: processes; warm trainers just started (their first stage
 again (as at every later stage of a study); processes again (torch's compilation cache now warm, as after a study's
 first wave). Each wave's wall time runs from the moment its ``env-engineer train`` commands start to the last one's
 end (the warm trainers' own start is timed apart: a study pays it once, beside its first stages). Prints every wave's
-seconds, each stage's training seconds and GPU memory, and the same-run ratio of the later waves.
+seconds, each stage's training and supervised-pass seconds and GPU memory, and the same-run ratio of the later waves.
+
+``--busy N`` adds two waves of the warm trainers after their second: beside N processes that each keep a core busy
+(a study's experiments run their other steps on the same cores while the trainers train), first at the trainers'
+priority, then at ``--busy-nice``. ``--no-processes`` leaves out the two waves of a process per stage.
 """
 
 from __future__ import annotations
@@ -62,6 +66,17 @@ def draw_stages(params: dict, count: int, wide: int, folder: Path) -> list[Path]
     return files
 
 
+BUSY_SECONDS = 900
+"""How long a busy process of ``--busy`` spins at most, should the bench be killed before it stops them."""
+
+
+def busy_processes(count: int, niceness: int) -> list[subprocess.Popen]:
+    """``count`` processes that each keep a core busy for at most :data:`BUSY_SECONDS`, at ``niceness``."""
+    code = ("import os, sys, time\nos.nice(int(sys.argv[1]))\nend = time.monotonic() + float(sys.argv[2])\n"
+            "while time.monotonic() < end:\n    pass\n")
+    return [subprocess.Popen([sys.executable, "-c", code, str(niceness), str(BUSY_SECONDS)]) for _ in range(count)]
+
+
 def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str, str],
          server: str | None) -> dict:
     """Train every stage at once (``env-engineer train`` each, to the server when given); wall time and metrics."""
@@ -86,7 +101,8 @@ def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str
            "peak_reserved_gib": [round(m.get("gpu/peak_reserved_gib", 0.0), 2) for m in stages],
            "loss_last": [round(m["sft/loss_last"], 4) for m in stages]}
     print(f"{name}: {wall:.1f} s for {len(files)} stages ({len(failed)} failed); training per stage median "
-          f"{statistics.median(row['train_s'] or [0]):.1f} s, peak reserved up to "
+          f"{statistics.median(row['train_s'] or [0]):.1f} s (supervised pass "
+          f"{statistics.median(row['sft_s'] or [0]):.1f} s), peak reserved up to "
           f"{max(row['peak_reserved_gib'] or [0]):.2f} GiB", flush=True)
     if failed:
         print(f"  stage {failed[0]} failed: {errors[failed[0]].strip()[-400:]}", flush=True)
@@ -100,6 +116,12 @@ def main() -> int:
     parser.add_argument("--wide", type=int, default=4, help="every k-th stage on 9x9-10x10 boards (0: none; default 4)")
     parser.add_argument("--slots", type=int, default=10, help="training processes at once on the GPU (default 10)")
     parser.add_argument("--workers", type=int, default=8, help="warm trainers (default 8)")
+    parser.add_argument("--busy", type=int, default=0, metavar="N",
+                        help="two more warm waves beside N processes each keeping a core busy (default 0: none)")
+    parser.add_argument("--busy-nice", type=int, default=10,
+                        help="the niceness of the busy processes in the second of those waves (default 10)")
+    parser.add_argument("--no-processes", action="store_true",
+                        help="leave out the waves of a process per stage (and so the ratio)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/warm-trainers-bench"))
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers here as JSON")
     args = parser.parse_args()
@@ -119,7 +141,10 @@ def main() -> int:
     base = {**os.environ, "ENV_ENGINEER_GPUS": os.environ.get("ENV_ENGINEER_GPUS", "0")}
     processes_env = {**base, "ENV_ENGINEER_GPU_SLOTS": str(args.slots), **cpu_share(args.stages)}
     clients_env = {**base, **cpu_share(args.stages)}
-    rows = [wave("processes", params_file, files, args.folder, processes_env, None)]
+    if not 0 <= args.busy <= 256 or not 0 <= args.busy_nice <= 19:
+        raise SystemExit(f"error: --busy {args.busy} / --busy-nice {args.busy_nice}: give 0 to 256 processes and a "
+                         "niceness of 0 to 19")
+    rows = [] if args.no_processes else [wave("processes", params_file, files, args.folder, processes_env, None)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = open(args.folder / "train-server.log", "w")
@@ -139,23 +164,40 @@ def main() -> int:
         up = time.perf_counter() - started
         print(f"warm trainers answering after {up:.1f} s", flush=True)
         rows.append(wave("warm, first", params_file, files, args.folder, clients_env, url))
-        rows.append(wave("warm, again", params_file, files, args.folder, clients_env, url))
+        again = wave("warm, again", params_file, files, args.folder, clients_env, url)
+        rows.append(again)
+        for niceness in ((0, args.busy_nice) if args.busy else ()):
+            busy = busy_processes(args.busy, niceness)
+            try:
+                rows.append(wave(f"warm, again, beside {args.busy} busy processes at nice {niceness}", params_file,
+                                 files, args.folder, clients_env, url))
+            finally:
+                for proc in busy:
+                    proc.kill()
+                    proc.wait()
+            if rows[-1]["failed"] or again["failed"]:
+                print("no ratio: a stage of the warm waves failed", flush=True)
+            else:
+                print(f"same run: beside {args.busy} busy processes at nice {niceness} / alone = "
+                      f"{rows[-1]['wall_s'] / again['wall_s']:.2f}", flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
-    rows.append(wave("processes, again", params_file, files, args.folder, processes_env, None))
-    failed = sum(len(row["failed"]) for row in rows[2:])
-    ratio = None if failed else rows[3]["wall_s"] / rows[2]["wall_s"]
-    if ratio is None:  # a wave whose stages failed ended early: its wall time says nothing
-        print(f"no ratio: {failed} stage(s) of the compared waves failed", flush=True)
-    else:
-        print(f"same run: processes (compilation cache warm) / warm trainers (again) = {ratio:.2f}", flush=True)
+    ratio = None
+    if not args.no_processes:
+        rows.append(wave("processes, again", params_file, files, args.folder, processes_env, None))
+        if again["failed"] or rows[-1]["failed"]:  # a wave whose stages failed ended early: its wall time says nothing
+            print("no ratio: a stage of the compared waves failed", flush=True)
+        else:
+            ratio = rows[-1]["wall_s"] / again["wall_s"]
+            print(f"same run: processes (compilation cache warm) / warm trainers (again) = {ratio:.2f}", flush=True)
     result = {"stages": args.stages, "wide_every": args.wide, "slots": args.slots, "workers": args.workers,
-              "warm_trainers_up_s": round(up, 1), "waves": rows,
+              "busy": args.busy, "busy_nice": args.busy_nice, "warm_trainers_up_s": round(up, 1), "waves": rows,
               "ratio_processes_to_warm": None if ratio is None else round(ratio, 2)}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
-    return 0 if ratio is not None else 1
+    failed = sum(len(row["failed"]) for row in rows)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
