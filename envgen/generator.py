@@ -253,8 +253,10 @@ def _random_shortest_path(rng: random.Random, grid: Grid, start: int, goal: int)
     return path
 
 
-def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: set[str]) -> Generated:
-    """Draw until an instance fits the slot; raises :class:`GenerationError` after ``options.max_attempts``."""
+def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: set[str],
+              drawn: list[str] | None = None) -> Generated:
+    """Draw until an instance fits the slot; raises :class:`GenerationError` after ``options.max_attempts``. The
+    accepted instance's hash is added to ``taken``; ``drawn``, when given, gets the hash of every instance drawn."""
     knobs = config.sizes[slot.size]
     seed = draw_seed(config.seed, slot.index)
     rng = random.Random(seed)
@@ -266,6 +268,8 @@ def fill_slot(slot: Slot, config: EnvConfig, options: GeneratorOptions, taken: s
             rejected["no placement for starts/goals"] += 1
             continue
         digest = instance.content_hash
+        if drawn is not None:
+            drawn.append(digest)
         if digest in taken:
             rejected["duplicate"] += 1
             continue

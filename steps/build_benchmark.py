@@ -16,24 +16,37 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from envgen.benchmark import cell_configs, cell_label, reference_rows, render_draws
 from envgen.core.config import EnvConfig
-from envgen.formats.dataset import generate_verified, generator_stats_of, read_exclusions, record_of, write_dataset
+from envgen.formats.dataset import generator_stats_of, read_exclusions, record_of, verify, write_dataset
 from envgen.core.files import atomic_write_text
-from envgen.generator import GenerationError, Generated, draw_statistics
+from envgen.generator import GenerationError, Generated, GeneratorOptions, Slot, draw_statistics, fill_slot, slot_layout
 from envgen.formats.schemas import BENCHMARK
 from pipeline.params import BenchmarkSettings, ParamsError, add_params_arguments, load_params
 from pipeline.progress import Progress
 from pipeline.workers import worker_pool
 
 
-def cell_instances(config: EnvConfig, exclude: frozenset[str]) -> list[Generated]:
-    """One cell's verified instances, drawn without the ``exclude`` hashes (a process pool's task)."""
-    return list(generate_verified(config, exclude=exclude))
+def slot_instance(slot: Slot, config: EnvConfig, taken: set[str], drawn: list[str] | None = None) -> Generated:
+    """One slot of a cell, drawn as :func:`envgen.generator.generate` draws it (its own random stream, nothing in
+    ``taken``; the instance's hash is added to it; ``drawn`` gets every draw's hash) and verified by the simulator."""
+    g = fill_slot(slot, config, GeneratorOptions(), taken, drawn)
+    verify(g)
+    return g
+
+
+def slot_instances(slots: list[tuple[Slot, EnvConfig]],
+                   exclude: frozenset[str]) -> list[tuple[Generated, list[str]]]:
+    """Slots (each with its cell's configuration), each drawn excluding only ``exclude``, with the hash of every
+    instance it drew: a process pool's task."""
+    out = []
+    for slot, config in slots:
+        drawn: list[str] = []
+        out.append((slot_instance(slot, config, set(exclude), drawn), drawn))
+    return out
 
 
 def default_workers() -> int:
@@ -45,38 +58,49 @@ def build_benchmark(settings: BenchmarkSettings, out: Path, exclude: frozenset[s
                     progress: bool = True, workers: int = 1) -> list[dict[str, Any]]:
     """Generate, verify and write the benchmark instances; returns their rows.
 
-    Cell by cell in order, each cell's draws excluding every instance taken before it. With ``workers`` > 1 the cells
-    are drawn at once in a process pool, each excluding only ``exclude``; then, in order, a cell that drew an instance
-    an earlier cell took is drawn again here with everything taken so far excluded. A cell that drew none made every
-    decision the one-by-one build makes (the solver's limits count work, not time), so the file is the same byte for
-    byte whatever ``workers`` is."""
+    Slot by slot in order (cell by cell, each cell's slots as :func:`envgen.generator.generate` lays them out), each
+    slot's draws excluding every instance taken before it. With ``workers`` > 1 the slots are drawn at once in a process
+    pool, each excluding only ``exclude`` (every slot has a random stream of its own); then, in order, a slot that drew
+    an instance this build took before it is drawn again here with everything taken so far excluded. The others made
+    every decision the one-by-one build makes (the solver's limits count work, not time), so the file is the same byte
+    for byte whatever ``workers`` is; one heavy cell (five agents, few boards needing a wait) no longer sets the
+    time."""
     if workers < 1:
         raise ValueError(f"--workers {workers}: give at least 1 process")
     cells = cell_configs(settings.seed, settings.per_cell, settings.wait_ratios, settings.hole_ratio, settings.agents)
+    slots = [(cell, slot) for cell in cells for slot in slot_layout(cell.config)]
     taken = set(exclude)
+    accepted: set[str] = set()  # taken by this build: a slot drawn in the pool did not see these
     rows: list[dict[str, Any]] = []
-    draws: dict[str, dict[str, Any]] = {}
-    with Progress(sum(c.config.budget for c in cells), "build-benchmark", "instances", progress) as bar:
-        drawn: list[Future[list[Generated]] | None] = [None] * len(cells)
-        pool = worker_pool(min(workers, len(cells))) if workers > 1 and len(cells) > 1 else None
+    made: dict[str, list[Generated]] = {cell_label(cell): [] for cell in cells}
+    with Progress(len(slots), "build-benchmark", "instances", progress) as bar:
+        drawn: list[tuple[Generated, list[str]] | None] = [None] * len(slots)
+        pool = worker_pool(min(workers, len(slots))) if workers > 1 and len(slots) > 1 else None
         try:
-            if pool is not None:
+            if pool is not None:  # tasks of every k-th slot, so that the heavy cells' slots spread over the workers
+                tasks = min(len(slots), 8 * workers)
                 frozen = frozenset(exclude)
-                drawn = [pool.submit(cell_instances, cell.config, frozen) for cell in cells]
-                for future in drawn:
+                futures = [pool.submit(slot_instances, [(slot, cell.config) for cell, slot in slots[k::tasks]], frozen)
+                           for k in range(tasks)]
+                for future in futures:
                     future.add_done_callback(lambda f: bar.update(len(f.result())) if not f.exception() else None)
-            for cell, future in zip(cells, drawn):
-                made = future.result() if future is not None else None
-                if made is None or any(g.instance.content_hash in taken for g in made):
-                    made = list(generate_verified(cell.config, exclude=taken,
-                                                  on_progress=bar.update if future is None else None))
-                for g in made:
+                for k, future in enumerate(futures):
+                    drawn[k::tasks] = future.result()
+            for (cell, slot), pooled in zip(slots, drawn):
+                if pooled is None or any(digest in accepted for digest in pooled[1]):
+                    g = slot_instance(slot, cell.config, taken)
+                    if pool is None:
+                        bar.update(1)
+                else:
+                    g = pooled[0]
                     taken.add(g.instance.content_hash)
-                    rows.append({**record_of(g, cell.config.seed), "index": len(rows), "wait_subset": cell.wait_ratio})
-                draws[cell_label(cell)] = draw_statistics(made)
+                accepted.add(g.instance.content_hash)
+                rows.append({**record_of(g, cell.config.seed), "index": len(rows), "wait_subset": cell.wait_ratio})
+                made[cell_label(cell)].append(g)
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)
+    draws = {label: draw_statistics(generated) for label, generated in made.items()}
     write_dataset(out, rows, BENCHMARK, {"benchmark": settings.model_dump_json(),
                                          "generator_stats": json.dumps(draws, sort_keys=True)})
     return rows
