@@ -125,6 +125,9 @@ def main() -> int:
     parser.add_argument("--folder", type=Path, default=Path("/tmp/warm-trainers-bench"))
     parser.add_argument("--out", type=Path, default=None, help="also write the numbers here as JSON")
     args = parser.parse_args()
+    if not 0 <= args.busy <= 256 or not 0 <= args.busy_nice <= 19:
+        raise SystemExit(f"error: --busy {args.busy} / --busy-nice {args.busy_nice}: give 0 to 256 processes and a "
+                         "niceness of 0 to 19")
 
     args.folder.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load(args.params.read_text())
@@ -141,9 +144,6 @@ def main() -> int:
     base = {**os.environ, "ENV_ENGINEER_GPUS": os.environ.get("ENV_ENGINEER_GPUS", "0")}
     processes_env = {**base, "ENV_ENGINEER_GPU_SLOTS": str(args.slots), **cpu_share(args.stages)}
     clients_env = {**base, **cpu_share(args.stages)}
-    if not 0 <= args.busy <= 256 or not 0 <= args.busy_nice <= 19:
-        raise SystemExit(f"error: --busy {args.busy} / --busy-nice {args.busy_nice}: give 0 to 256 processes and a "
-                         "niceness of 0 to 19")
     rows = [] if args.no_processes else [wave("processes", params_file, files, args.folder, processes_env, None)]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
