@@ -107,9 +107,10 @@ def dvc_env() -> dict[str, str]:
 
 
 def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_processes: bool = False,
-        env: dict[str, str] | None = None) -> str:
+        env: dict[str, str] | None = None, niceness: int = 0) -> str:
     """Run ``dvc ARGS`` in ``repo``; its output, or :class:`DvcBusy` / :class:`DvcError` with the output's tail.
-    ``env``: variables set for the command (and the processes it starts) on top of :func:`dvc_env`.
+    ``env``: variables set for the command (and the processes it starts) on top of :func:`dvc_env`. ``niceness``: run
+    it (and the processes it starts, which inherit it) that much below this process's CPU priority (``nice -n``).
 
     ``leaves_processes``: for a command that starts processes which outlive it (``dvc queue start``: a daemon per
     worker, which inherits the command's standard output and error). Its output then goes through a temporary file,
@@ -117,14 +118,15 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_
     processes ends, and with two workers one of them may never end (its shutdown message taken by the other; DVC issue
     10427)."""
     environment = {**dvc_env(), **(env or {})}
+    command = ["nice", "-n", str(niceness), "dvc", *args] if niceness else ["dvc", *args]
     if leaves_processes:
         with tempfile.TemporaryFile(mode="w+") as out:
-            proc = subprocess.run(["dvc", *args], cwd=repo, env=environment, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.run(command, cwd=repo, env=environment, stdout=out, stderr=subprocess.STDOUT,
                                   text=True, timeout=timeout)
             out.seek(0)
             stdout, stderr = out.read(), ""
     else:
-        proc = subprocess.run(["dvc", *args], cwd=repo, env=environment, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(command, cwd=repo, env=environment, capture_output=True, text=True, timeout=timeout)
         stdout, stderr = proc.stdout, proc.stderr
     output = (stdout + stderr).strip()
     if proc.returncode != 0:

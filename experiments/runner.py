@@ -37,6 +37,12 @@ QUEUE_STALL_SECONDS = 60.0
 it gives up (dvc-task's process records say which are left; a worker takes a second or two to write its own)."""
 
 
+QUEUE_NICENESS = 10
+"""How far below the runner's CPU priority DVC's queue workers, and so every experiment's steps, run. The servers a
+study shares (warm trainers, a vLLM server: :mod:`experiments.warm_engine`) keep the runner's priority: every experiment
+waits on them, and with many experiments at once their steps' processes outnumber the cores."""
+
+
 WORKERS_LEAVE_SECONDS = 120.0
 """How long :func:`wait_for_workers_to_leave` waits for the workers of an earlier wave to leave. A worker leaves by
 itself about 10 s after it last saw the queue empty (dvc-task's ``TemporaryWorker`` checks every 10 s)."""
@@ -130,7 +136,8 @@ def wait_for_workers_to_leave(repo: Path, timeout: float = WORKERS_LEAVE_SECONDS
 def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0,
               stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
     """``dvc queue start -j jobs``, each experiment's processes given a ``1/jobs`` share of the CPU threads
-    (:func:`pipeline.workers.cpu_share`), then wait until each experiment of ``names`` has finished, printing progress;
+    (:func:`pipeline.workers.cpu_share`) and a lower priority than the study's shared servers (:data:`QUEUE_NICENESS`),
+    then wait until each experiment of ``names`` has finished, printing progress;
     returns each one's final status (Success or Failed: ``dvc queue logs NAME`` says why). Workers stop by themselves
     once the queue is empty; when for ``stall_seconds`` none is left (:func:`queue_workers`, or one answering
     ``dvc queue status``) and no experiment's process runs (:func:`experiment_process_alive`) while some of ``names``
@@ -139,7 +146,7 @@ def run_queue(repo: Path, jobs: int, names: list[str], poll_seconds: float = 5.0
     if share:
         print(f"{jobs} experiment(s) at once: each one's processes run with "
               + ", ".join(f"{k}={v}" for k, v in share.items()) + " (set them to choose)", flush=True)
-    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True, env=share)
+    dvc(["queue", "start", "-j", str(jobs)], repo, leaves_processes=True, env=share, niceness=QUEUE_NICENESS)
     seen = time.monotonic()
 
     def read() -> dict[str, str]:

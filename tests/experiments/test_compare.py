@@ -438,7 +438,7 @@ def test_a_wave_that_the_queue_lost_is_queued_again_once(monkeypatch, capsys):
                    "abc  e1  10:00  Failed\nghi  e1  10:01  Success\ndef  e2  10:00  Success\n",
                    "ghi  e1  10:01  Queued\nabc  e1  10:00  Failed\n"])
 
-    def fake_dvc(args, repo, leaves_processes=False, env=None):
+    def fake_dvc(args, repo, leaves_processes=False, env=None, niceness=0):
         calls.append(args[:3] if args[:2] != ["queue", "kill"] else args)
         if args[:2] == ["queue", "status"]:
             return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
@@ -474,8 +474,10 @@ def test_an_experiment_the_gpu_ran_out_of_memory_for_is_queued_again_once_with_h
     status = iter(["abc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n",
                    "ghi  e1  10:05  Failed\nabc  e1  10:00  Failed\ndef  e2  10:00  Failed\nxyz  e3  10:00  Success\n"])
 
-    def fake_dvc(args, repo, leaves_processes=False, env=None):
+    def fake_dvc(args, repo, leaves_processes=False, env=None, niceness=0):
         calls.append(args)
+        if args[:2] == ["queue", "start"]:  # the workers run below the study's shared servers
+            assert niceness == compare.QUEUE_NICENESS > 0
         if args[:2] == ["queue", "status"]:
             return "Task  Name  Created  Status\n" + next(status) + "\nWorker status: 0 active, 0 idle\n"
         if args[:2] == ["queue", "logs"]:
@@ -508,7 +510,7 @@ def test_the_queue_workers_share_the_cores_among_the_experiments(monkeypatch, ca
 
     envs = []
 
-    def fake_dvc(args, repo, leaves_processes=False, env=None):
+    def fake_dvc(args, repo, leaves_processes=False, env=None, niceness=0):
         if args[:2] == ["queue", "start"]:
             envs.append(env)
             return ""
@@ -534,7 +536,7 @@ def test_run_queue_gives_up_when_no_worker_is_left(monkeypatch):
 
     replies = []
 
-    def fake_dvc(args, repo, leaves_processes=False, env=None):
+    def fake_dvc(args, repo, leaves_processes=False, env=None, niceness=0):
         if args[:2] == ["queue", "start"]:
             return ""
         if args[:2] == ["exp", "list"]:

@@ -113,3 +113,23 @@ def test_a_command_that_leaves_processes_returns_when_it_ends(tmp_path, monkeypa
     fake.write_text("#!/bin/sh\nsleep 30 &\necho started $1\n")
     with pytest.raises(subprocess.TimeoutExpired):  # what the pipe did: wait for the child
         dvc(["queue"], tmp_path, timeout=3)
+
+
+@pytest.mark.parametrize("leaves_processes", [False, True])
+def test_dvc_runs_niceness_below_its_caller_and_its_children_inherit_it(tmp_path, monkeypatch, leaves_processes):
+    """The queue's workers run below the study's shared servers (``experiments.runner.QUEUE_NICENESS``): ``dvc queue
+    start`` is started niced, and the workers it leaves behind inherit it. A stand-in ``dvc`` prints the niceness of a
+    process it starts."""
+    import os
+
+    import experiments.dvc as module
+
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nsh -c nice\n")
+    fake.chmod(0o755)
+    env = module.dvc_env()
+    monkeypatch.setattr(module, "dvc_env", lambda: {**env, "PATH": f"{fake.parent}{os.pathsep}{env['PATH']}"})
+    mine = os.nice(0)
+    assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes)) == mine
+    assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == min(mine + 10, 19)
