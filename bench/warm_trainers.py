@@ -10,7 +10,8 @@ adapter, in four waves: processes; warm trainers just started (their first stage
 again (as at every later stage of a study); processes again (torch's compilation cache now warm, as after a study's
 first wave). Each wave's wall time runs from the moment its ``env-engineer train`` commands start to the last one's
 end (the warm trainers' own start is timed apart: a study pays it once, beside its first stages). Prints every wave's
-seconds, each stage's training and supervised-pass seconds and GPU memory, and the same-run ratio of the later waves.
+seconds, each stage's training and supervised-pass seconds and GPU memory, where the pass's time went (before its
+first optimizer step, that step, the others; its batch shapes), and the same-run ratio of the later waves.
 
 ``--busy N`` adds two waves of the warm trainers after their second: beside N processes that each keep a core busy
 (a study's experiments run their other steps on the same cores while the trainers train), first at the trainers'
@@ -87,23 +88,36 @@ def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str
     procs = [subprocess.Popen([*CLI, "train", "--params", str(params), "--instances", str(f),
                                "--out-adapter", str(out / str(k) / "adapter"),
                                "--out-completions", str(out / str(k) / "c.parquet"),
-                               "--out-metrics", str(out / str(k) / "m.json"), "--no-progress", *sets],
+                               "--out-metrics", str(out / str(k) / "m.json"),
+                               "--out-details", str(out / str(k) / "details.json"), "--no-progress", *sets],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
              for k, f in enumerate(files)]
     errors = [p.communicate()[1] for p in procs]
     wall = time.perf_counter() - start
     failed = [k for k, p in enumerate(procs) if p.returncode]
-    stages = [json.loads((out / str(k) / "m.json").read_text()) for k in range(len(files)) if k not in failed]
+    stages = [json.loads((out / str(k) / "details.json").read_text()) for k in range(len(files)) if k not in failed]
+    steps = [m.get("sft/step_seconds") or [0.0] for m in stages]
     row = {"wave": name, "wall_s": round(wall, 1), "stages": len(stages), "failed": failed,
            "errors": [errors[k][-400:] for k in failed][:3],
            "train_s": [round(m["seconds"], 1) for m in stages],
            "sft_s": [round(m["sft/seconds"], 1) for m in stages],
            "peak_reserved_gib": [round(m.get("gpu/peak_reserved_gib", 0.0), 2) for m in stages],
-           "loss_last": [round(m["sft/loss_last"], 4) for m in stages]}
+           "loss_last": [round(m["sft/loss_last"], 4) for m in stages],
+           # where a supervised pass's time goes: before its first optimizer step, in that step, in the others
+           "before_steps_s": [round(m["sft/seconds"] - sum(t), 1) for m, t in zip(stages, steps)],
+           "first_step_s": [round(t[0], 2) for t in steps],
+           "later_steps_s": [round(sum(t[1:]), 1) for t in steps],
+           "median_step_s": [round(statistics.median(t), 3) for t in steps],
+           "shapes": [len(m.get("sft/batch_shapes") or {}) for m in stages]}
     print(f"{name}: {wall:.1f} s for {len(files)} stages ({len(failed)} failed); training per stage median "
           f"{statistics.median(row['train_s'] or [0]):.1f} s (supervised pass "
           f"{statistics.median(row['sft_s'] or [0]):.1f} s), peak reserved up to "
           f"{max(row['peak_reserved_gib'] or [0]):.2f} GiB", flush=True)
+    if stages:
+        print("  of the pass (medians): " + ", ".join(
+            f"{label} {statistics.median(row[key]):g}" for label, key in
+            (("before the first step s", "before_steps_s"), ("first step s", "first_step_s"),
+             ("later steps s", "later_steps_s"), ("a step s", "median_step_s"), ("shapes", "shapes"))), flush=True)
     if failed:
         print(f"  stage {failed[0]} failed: {errors[failed[0]].strip()[-400:]}", flush=True)
     return row
