@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -110,7 +111,8 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_
         env: dict[str, str] | None = None, niceness: int = 0) -> str:
     """Run ``dvc ARGS`` in ``repo``; its output, or :class:`DvcBusy` / :class:`DvcError` with the output's tail.
     ``env``: variables set for the command (and the processes it starts) on top of :func:`dvc_env`. ``niceness``: run
-    it (and the processes it starts, which inherit it) that much below this process's CPU priority (``nice -n``).
+    it (and the processes it starts, which inherit it) that much below this process's CPU priority (``nice -n``, where
+    there is one).
 
     ``leaves_processes``: for a command that starts processes which outlive it (``dvc queue start``: a daemon per
     worker, which inherits the command's standard output and error). Its output then goes through a temporary file,
@@ -118,7 +120,8 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_
     processes ends, and with two workers one of them may never end (its shutdown message taken by the other; DVC issue
     10427)."""
     environment = {**dvc_env(), **(env or {})}
-    command = ["nice", "-n", str(niceness), "dvc", *args] if niceness else ["dvc", *args]
+    # without a `nice` command (not a POSIX system) the command runs at this process's priority
+    command = ["nice", "-n", str(niceness), "dvc", *args] if niceness and shutil.which("nice") else ["dvc", *args]
     if leaves_processes:
         with tempfile.TemporaryFile(mode="w+") as out:
             proc = subprocess.run(command, cwd=repo, env=environment, stdout=out, stderr=subprocess.STDOUT,

@@ -133,3 +133,5 @@ def test_dvc_runs_niceness_below_its_caller_and_its_children_inherit_it(tmp_path
     mine = os.nice(0)
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes)) == mine
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == min(mine + 10, 19)
+    monkeypatch.setattr(module.shutil, "which", lambda name: None)  # no `nice` command: the caller's priority
+    assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == mine
