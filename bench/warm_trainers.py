@@ -13,9 +13,10 @@ end (the warm trainers' own start is timed apart: a study pays it once, beside i
 seconds, each stage's training and supervised-pass seconds and GPU memory, where the pass's time went (before its
 first optimizer step, that step, the others; its batch shapes), and the same-run ratio of the later waves.
 
-``--busy N`` adds two waves of the warm trainers after their second: beside N processes that each keep a core busy
-(a study's experiments run their other steps on the same cores while the trainers train), first at the trainers'
-priority, then at ``--busy-nice``. ``--no-processes`` leaves out the two waves of a process per stage.
+``--stagger S`` adds a wave of the warm trainers after their second whose stages are handed over S seconds apart, as
+a study's stages arrive, instead of all at once (all at once, the trainings run in step). ``--busy N`` adds two waves
+of the warm trainers after that: beside N processes that each keep a core busy (a study's experiments run their other
+steps on the same cores while the trainers train), first at the trainers' priority, then at ``--busy-nice``. ``--no-processes`` leaves out the two waves of a process per stage.
 """
 
 from __future__ import annotations
@@ -79,19 +80,23 @@ def busy_processes(count: int, niceness: int) -> list[subprocess.Popen]:
 
 
 def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str, str],
-         server: str | None) -> dict:
-    """Train every stage at once (``env-engineer train`` each, to the server when given); wall time and metrics."""
+         server: str | None, apart: float = 0.0) -> dict:
+    """Train every stage at once (``env-engineer train`` each, to the server when given), or started ``apart``
+    seconds one after the other; wall time and metrics."""
     out = folder / name
     shutil.rmtree(out, ignore_errors=True)
     sets = ["--set", f"train.server={server}"] if server else []
     start = time.perf_counter()
-    procs = [subprocess.Popen([*CLI, "train", "--params", str(params), "--instances", str(f),
-                               "--out-adapter", str(out / str(k) / "adapter"),
-                               "--out-completions", str(out / str(k) / "c.parquet"),
-                               "--out-metrics", str(out / str(k) / "m.json"),
-                               "--out-details", str(out / str(k) / "details.json"), "--no-progress", *sets],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-             for k, f in enumerate(files)]
+    procs = []
+    for k, f in enumerate(files):
+        if k and apart:
+            time.sleep(apart)
+        procs.append(subprocess.Popen([*CLI, "train", "--params", str(params), "--instances", str(f),
+                                       "--out-adapter", str(out / str(k) / "adapter"),
+                                       "--out-completions", str(out / str(k) / "c.parquet"),
+                                       "--out-metrics", str(out / str(k) / "m.json"),
+                                       "--out-details", str(out / str(k) / "details.json"), "--no-progress", *sets],
+                                      env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
     errors = [p.communicate()[1] for p in procs]
     wall = time.perf_counter() - start
     failed = [k for k, p in enumerate(procs) if p.returncode]
@@ -134,6 +139,9 @@ def main() -> int:
                         help="two more warm waves beside N processes each keeping a core busy (default 0: none)")
     parser.add_argument("--busy-nice", type=int, default=10,
                         help="the niceness of the busy processes in the second of those waves (default 10)")
+    parser.add_argument("--stagger", type=float, default=0.0, metavar="S",
+                        help="one more warm wave after the second, its stages handed over S seconds apart, as a "
+                        "study's arrive (default 0: none)")
     parser.add_argument("--no-processes", action="store_true",
                         help="leave out the waves of a process per stage (and so the ratio)")
     parser.add_argument("--folder", type=Path, default=Path("/tmp/warm-trainers-bench"))
@@ -142,6 +150,8 @@ def main() -> int:
     if not 0 <= args.busy <= 256 or not 0 <= args.busy_nice <= 19:
         raise SystemExit(f"error: --busy {args.busy} / --busy-nice {args.busy_nice}: give 0 to 256 processes and a "
                          "niceness of 0 to 19")
+    if not 0 <= args.stagger <= 600:
+        raise SystemExit(f"error: --stagger {args.stagger}: give 0 to 600 seconds")
 
     args.folder.mkdir(parents=True, exist_ok=True)
     params = yaml.safe_load(args.params.read_text())
@@ -180,6 +190,9 @@ def main() -> int:
         rows.append(wave("warm, first", params_file, files, args.folder, clients_env, url))
         again = wave("warm, again", params_file, files, args.folder, clients_env, url)
         rows.append(again)
+        if args.stagger:
+            rows.append(wave(f"warm, again, handed over {args.stagger:g} s apart", params_file, files, args.folder,
+                             clients_env, url, args.stagger))
         for niceness in ((0, args.busy_nice) if args.busy else ()):
             busy = busy_processes(args.busy, niceness)
             try:
