@@ -16,7 +16,8 @@ first optimizer step, that step, the others; its batch shapes), and the same-run
 ``--stagger S`` adds a wave of the warm trainers after their second whose stages are handed over S seconds apart, as
 a study's stages arrive, instead of all at once (all at once, the trainings run in step). ``--busy N`` adds two waves
 of the warm trainers after that: beside N processes that each keep a core busy (a study's experiments run their other
-steps on the same cores while the trainers train), first at the trainers' priority, then at ``--busy-nice``. ``--no-processes`` leaves out the two waves of a process per stage.
+steps on the same cores while the trainers train), first at the trainers' priority, then at ``--busy-nice``.
+``--no-processes`` leaves out the two waves of a process per stage.
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def wave(name: str, params: Path, files: list[Path], folder: Path, env: dict[str
     wall = time.perf_counter() - start
     failed = [k for k, p in enumerate(procs) if p.returncode]
     stages = [json.loads((out / str(k) / "details.json").read_text()) for k in range(len(files)) if k not in failed]
-    steps = [m.get("sft/step_seconds") or [0.0] for m in stages]
+    steps = [m["sft/step_seconds"] for m in stages]  # every optimizer step's seconds (the warm start's clock)
     row = {"wave": name, "wall_s": round(wall, 1), "stages": len(stages), "failed": failed,
            "errors": [errors[k][-400:] for k in failed][:3],
            "train_s": [round(m["seconds"], 1) for m in stages],

@@ -19,6 +19,21 @@ def project(tmp_path_factory):
     return path
 
 
+def stand_in_dvc(tmp_path, monkeypatch, script: str):
+    """A ``dvc`` of ``script`` first on the PATH that :func:`experiments.dvc.dvc` runs with; returns its file."""
+    import os
+
+    import experiments.dvc as dvc_module
+
+    fake = tmp_path / "bin" / "dvc"
+    fake.parent.mkdir()
+    fake.write_text(script)
+    fake.chmod(0o755)
+    env = dvc_module.dvc_env()
+    monkeypatch.setattr(dvc_module, "dvc_env", lambda: {**env, "PATH": f"{fake.parent}{os.pathsep}{env['PATH']}"})
+    return fake
+
+
 def test_stages_come_from_dvc_yaml_in_an_order_that_runs_each_after_its_inputs(project):
     stages = pipeline_stages(project)
     names = [s.name for s in stages]
@@ -94,17 +109,9 @@ def test_a_command_that_leaves_processes_returns_when_it_ends(tmp_path, monkeypa
     """``dvc queue start`` leaves a daemon per worker holding its standard output; with ``leaves_processes`` the call
     returns when the command ends and keeps its output (read from a pipe, it waited for the daemon: with two workers
     one may never end, and `compare --run` hung)."""
-    import os
     import time
 
-    import experiments.dvc as dvc_module
-
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    fake = bin_dir / "dvc"
-    fake.write_text("#!/bin/sh\nsleep 30 &\necho started $1\n")  # a child that keeps the inherited output open
-    fake.chmod(0o755)
-    monkeypatch.setattr(dvc_module, "dvc_env", lambda: {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"})
+    fake = stand_in_dvc(tmp_path, monkeypatch, "#!/bin/sh\nsleep 30 &\necho started $1\n")  # a child keeps the output
     start = time.monotonic()
     assert dvc(["queue"], tmp_path, leaves_processes=True).strip() == "started queue"
     assert time.monotonic() - start < 10
@@ -124,12 +131,7 @@ def test_dvc_runs_niceness_below_its_caller_and_its_children_inherit_it(tmp_path
 
     import experiments.dvc as module
 
-    fake = tmp_path / "bin" / "dvc"
-    fake.parent.mkdir()
-    fake.write_text("#!/bin/sh\nsh -c nice\n")
-    fake.chmod(0o755)
-    env = module.dvc_env()
-    monkeypatch.setattr(module, "dvc_env", lambda: {**env, "PATH": f"{fake.parent}{os.pathsep}{env['PATH']}"})
+    stand_in_dvc(tmp_path, monkeypatch, "#!/bin/sh\nsh -c nice\n")
     mine = os.nice(0)
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes)) == mine
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == min(mine + 10, 19)
