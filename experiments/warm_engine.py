@@ -56,7 +56,8 @@ class WarmEngine:
     ``adapters``: adapters it keeps ready at once (about the experiments running at once); ``gpu_memory``: vLLM's
     share of the GPU (the rest is the experiments' training); ``kv_cache_gib``: vLLM's KV cache, a fixed size (None:
     vLLM sizes it from ``gpu_memory`` by profiling the card, which counts whatever else starts on the card meanwhile
-    as its own use); ``start_s``: how long it may take to come up."""
+    as its own use); ``options``: more words for the server's command line, after the ones made here (a later option
+    of the same name wins in vLLM's parser); ``start_s``: how long it may take to come up."""
 
     kind: str
     model: str
@@ -66,9 +67,10 @@ class WarmEngine:
     lora_rank: int = 64
     adapters: int = 8
     gpu_memory: float = 0.3
-    kv_cache_gib: float | None = 4.0
+    kv_cache_gib: float | None = 8.0
     port: int = 8000
     concurrency: int = 256
+    options: tuple[str, ...] = ()
     start_s: float = 600.0
 
     label = "warm engine"
@@ -82,8 +84,8 @@ class WarmEngine:
         return f"--serve {self.kind}"
 
     def command(self) -> list[str]:
-        """The server's command line."""
-        return SERVERS[self.kind][1](self)
+        """The server's command line: the server's own words, then ``options``."""
+        return [*SERVERS[self.kind][1](self), *self.options]
 
     def overrides(self) -> dict[str, Any]:
         """The settings every experiment runs with so that its rollouts are answered by this server."""
@@ -269,6 +271,20 @@ def kv_cache_size(text: str) -> float | None:
         raise argparse.ArgumentTypeError(f"{text!r}: give a size in GiB (e.g. 4) or auto") from None
 
 
+def server_options(text: str) -> tuple[str, ...]:
+    """``--serve-options``' value: the words of a command line (shell quoting), each option starting with '-'."""
+    import shlex
+
+    try:
+        words = tuple(shlex.split(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r}: {err}; quote it as a shell would") from None
+    if words and not words[0].startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give the server's options, starting with '-' "
+                                         "(e.g. '--max-num-seqs 512')")
+    return words
+
+
 def add_arguments(parser: Any) -> None:
     """``--serve`` and its settings, for the commands that run studies (``compare``, ``sensitivity``)."""
     parser.add_argument("--serve", choices=sorted(SERVERS), default=None,
@@ -279,11 +295,16 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--serve-gpu-memory", type=float, default=0.3,
                         help="vllm: the share of the GPU's memory the server may take, which vLLM checks is free when "
                              "it starts; the experiments' training passes share the rest (default %(default)s)")
-    parser.add_argument("--serve-kv-cache-gib", type=kv_cache_size, default=4.0, metavar="GIB",
+    parser.add_argument("--serve-kv-cache-gib", type=kv_cache_size, default=8.0, metavar="GIB",
                         help="vllm: its KV cache in GiB, a fixed size, so that the training processes starting on the "
                              "same card while vLLM measures its memory cannot leave it none; 'auto': vLLM sizes it "
                              "from --serve-gpu-memory by profiling the card, right only when nothing else starts on "
-                             "it meanwhile (default %(default)s)")
+                             "it meanwhile (default %(default)s; the last stage's benchmark of 24 experiments at once "
+                             "filled 4)")
+    parser.add_argument("--serve-options", type=server_options, default=(), metavar="WORDS",
+                        help="more options for the server's command line, after the ones the study gives it (the "
+                             "last of the same name wins), e.g. --serve-options '--max-num-seqs 512', or "
+                             "--serve-options=--enforce-eager for one word (default none)")
     parser.add_argument("--serve-concurrency", type=int, default=256,
                         help="requests each rollout keeps in flight (rollout.concurrency; default %(default)s)")
     parser.add_argument("--serve-start-s", type=float, default=600.0,
@@ -325,7 +346,7 @@ def from_arguments(args: Any, params: Any, extra: dict[str, Any], log: Path) -> 
     return WarmEngine(args.serve, params.policy.model, folder, args.repo, log,
                       lora_rank=max(params.train.lora_r, params.start.train.lora_r), adapters=max(1, args.jobs),
                       gpu_memory=args.serve_gpu_memory, kv_cache_gib=args.serve_kv_cache_gib, port=args.serve_port,
-                      concurrency=args.serve_concurrency, start_s=args.serve_start_s)
+                      concurrency=args.serve_concurrency, options=args.serve_options, start_s=args.serve_start_s)
 
 
 def trainer_from_arguments(args: Any, extra: dict[str, Any], log: Path) -> WarmTrainer | None:

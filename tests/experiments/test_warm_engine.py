@@ -74,7 +74,7 @@ def test_vllm_gets_a_fixed_kv_cache_unless_told_to_profile_the_card():
     """Measuring the card while the experiments' trainers load onto it once left vLLM no KV cache at all; a fixed size
     is not measured (vLLM's --kv-cache-memory-bytes), and 'auto' leaves the sizing to vLLM's profile."""
     params = load_params(ROOT / "presets" / "gpu-distill.yaml")
-    for words, size in (((), 4 * 2 ** 30), (("--serve-kv-cache-gib", "1.5"), 3 * 2 ** 29),
+    for words, size in (((), 8 * 2 ** 30), (("--serve-kv-cache-gib", "1.5"), 3 * 2 ** 29),
                         (("--serve-kv-cache-gib", "AUTO"), None)):
         command = from_arguments(args("--run", "--serve", "vllm", *words), params, {}, Path("log")).command()
         if size is None:
@@ -84,6 +84,22 @@ def test_vllm_gets_a_fixed_kv_cache_unless_told_to_profile_the_card():
         assert command[command.index("--gpu-memory-utilization") + 1] == "0.3"
     with pytest.raises(SystemExit):
         args("--run", "--serve", "vllm", "--serve-kv-cache-gib", "lots")
+
+
+def test_more_server_options_follow_the_studys_own():
+    """--serve-options adds words after the server's own, so that a later option of the same name wins (vLLM's
+    parser keeps the last); a value that is not options is refused with the form to use."""
+    params = load_params(ROOT / "presets" / "gpu-distill.yaml")
+    for kind in SERVERS:
+        plain = from_arguments(args("--run", "--serve", kind), params, {}, Path("log")).command()
+        more = from_arguments(args("--run", "--serve", kind, "--serve-options", "--max-num-seqs 512 --max-loras 4"),
+                              params, {}, Path("log")).command()
+        assert more == [*plain, "--max-num-seqs", "512", "--max-loras", "4"]
+    one = from_arguments(args("--run", "--serve", "vllm", "--serve-options=--enforce-eager"), params, {}, Path("log"))
+    assert one.command()[-1] == "--enforce-eager" and one.options == ("--enforce-eager",)
+    for bad in ("max-num-seqs 512", "--served-model-name 'open"):
+        with pytest.raises(SystemExit):
+            args("--run", "--serve", "vllm", f"--serve-options={bad}")
 
 
 def test_the_warm_trainers_are_checked_and_point_every_experiment_at_them(tmp_path):
