@@ -272,7 +272,7 @@ def kv_cache_size(text: str) -> float | None:
 
 
 def server_options(text: str) -> tuple[str, ...]:
-    """``--serve-options``' value: the words of a command line (shell quoting), each option starting with '-'."""
+    """``--serve-options``' value: the words of a command line (shell quoting), the first of them an option."""
     import shlex
 
     try:
@@ -290,24 +290,23 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--serve", choices=sorted(SERVERS), default=None,
                         help="with --run: answer every experiment's rollouts with one warm server started for the "
                              "study and stopped after it: " + "; ".join(f"'{k}': {v[0]}" for k, v in SERVERS.items()))
-    parser.add_argument("--serve-port", type=int, default=8000,
+    parser.add_argument("--serve-port", type=int, default=WarmEngine.port,
                         help="the warm server's port on 127.0.0.1 (default %(default)s)")
-    parser.add_argument("--serve-gpu-memory", type=float, default=0.3,
+    parser.add_argument("--serve-gpu-memory", type=float, default=WarmEngine.gpu_memory,
                         help="vllm: the share of the GPU's memory the server may take, which vLLM checks is free when "
                              "it starts; the experiments' training passes share the rest (default %(default)s)")
-    parser.add_argument("--serve-kv-cache-gib", type=kv_cache_size, default=8.0, metavar="GIB",
+    parser.add_argument("--serve-kv-cache-gib", type=kv_cache_size, default=WarmEngine.kv_cache_gib, metavar="GIB",
                         help="vllm: its KV cache in GiB, a fixed size, so that the training processes starting on the "
                              "same card while vLLM measures its memory cannot leave it none; 'auto': vLLM sizes it "
                              "from --serve-gpu-memory by profiling the card, right only when nothing else starts on "
-                             "it meanwhile (default %(default)s; the last stage's benchmark of 24 experiments at once "
-                             "filled 4)")
-    parser.add_argument("--serve-options", type=server_options, default=(), metavar="WORDS",
+                             "it meanwhile (default %(default)s)")
+    parser.add_argument("--serve-options", type=server_options, default=WarmEngine.options, metavar="WORDS",
                         help="more options for the server's command line, after the ones the study gives it (the "
                              "last of the same name wins), e.g. --serve-options '--max-num-seqs 512', or "
                              "--serve-options=--enforce-eager for one word (default none)")
-    parser.add_argument("--serve-concurrency", type=int, default=256,
+    parser.add_argument("--serve-concurrency", type=int, default=WarmEngine.concurrency,
                         help="requests each rollout keeps in flight (rollout.concurrency; default %(default)s)")
-    parser.add_argument("--serve-start-s", type=float, default=600.0,
+    parser.add_argument("--serve-start-s", type=float, default=WarmEngine.start_s,
                         help="how long a warm server may take to answer before the study stops (default %(default)s)")
     parser.add_argument("--warm-trainers", type=int, default=0, metavar="N",
                         help="with --run: train every experiment's stages in N warm processes (`env-engineer "
