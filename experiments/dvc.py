@@ -3,8 +3,8 @@
 :func:`pipeline_stages` gives every stage of the pipeline (``foreach`` items expanded, ``train@0``) in an order that
 runs each after the stages it depends on, with the files it reads and writes as DVC declares them; the Prefect flow,
 the comparison and the report find their stages and files through it. :func:`dvc` runs a ``dvc`` command and tells a
-busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json`` while other
-experiments may be running in the same repository.
+busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json`` and
+:func:`repository_locked` holds DVC's lock to read a file DVC rewrites while other experiments may be running in the same repository.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -137,6 +139,27 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_
         kind = DvcBusy if any(marker in output for marker in BUSY_MARKERS) else DvcError
         raise kind(f"dvc {' '.join(args)} failed (exit {proc.returncode}):\n{tail}")
     return stdout
+
+
+@contextmanager
+def repository_locked(repo: str | Path) -> Iterator[None]:
+    """Hold DVC's repository lock in ``repo`` for the block: to read ``params.yaml`` while other experiments are being
+    started in the same repository. ``dvc exp run`` rewrites that file in the workspace while it stashes an experiment
+    (it writes the ``-S`` values there, stashes, then resets the file), holding this lock; a read beside it could see a
+    half-written file. Another command holding the lock for longer than DVC waits (a few seconds) raises
+    :class:`DvcBusy`, worth retrying."""
+    from dvc.lock import LockError
+    from dvc.repo import Repo
+
+    with Repo(str(repo)) as r:
+        try:
+            r.lock.lock()
+        except LockError as e:
+            raise DvcBusy(f"{repo}: DVC's repository lock: {e}") from None
+        try:
+            yield
+        finally:
+            r.lock.unlock()
 
 
 VANISHED_RUN_MARKER = "/.dvc/tmp/exps/"

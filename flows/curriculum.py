@@ -8,7 +8,8 @@ stage a table artifact (the metrics its stages declare) and, after an engineer's
 configuration diff, the rationale and the notes) are published.
 
 With ``overrides`` (``{"train.trajectories": 64}``, e.g. from the UI), the overrides are first checked against the
-typed parameters (:func:`pipeline.params.load_params`; a bad one fails the run before anything runs), then the
+typed parameters (:func:`pipeline.params.load_params`, reading ``params.yaml`` under DVC's lock, which other
+experiments' ``dvc exp run`` hold while they rewrite it; a bad one fails the run before anything runs), then the
 whole pipeline runs as a DVC experiment (``dvc exp run --temp -S key=value``), leaving the workspace as it is. Several
 such runs at once (one Prefect worker per GPU, ``env-engineer workers``) each run in a temporary copy of the workspace
 and share DVC's cache and run-cache; ``env-engineer compare --via prefect`` submits a whole comparison this way.
@@ -32,7 +33,8 @@ os.environ.setdefault("GX_ANALYTICS_ENABLED", "False")
 from prefect import flow, get_run_logger, task  # noqa: E402
 from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: E402
 
-from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, experiments_shown, pipeline_stages, set_words  # noqa: E402
+from experiments.dvc import (DvcBusy, DvcError, StageFiles, dvc, experiments_shown, pipeline_stages,  # noqa: E402
+                             repository_locked, set_words)
 
 
 def only_transient(task, task_run, state) -> bool:
@@ -108,11 +110,9 @@ def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides
     with ``overrides``, the whole pipeline as a temporary DVC experiment with those parameter values (named ``name``,
     e.g. by ``env-engineer compare --via prefect``, else by DVC; with ``targets``, only those DVC stages and what they
     depend on)."""
-    from pipeline.params import load_params
-
     root = Path(repo).resolve()
     if overrides:
-        load_params(root / "params.yaml", overrides)  # a bad override stops here, naming the field and the fix
+        check_overrides(overrides, str(root))  # a bad override stops here, naming the field and the fix
         sets = set_words(overrides)
         output = experiment((["-n", name] if name else []) + sets + list(targets or []), str(root))
         return {"experiment": output[-2000:]}
@@ -127,6 +127,17 @@ def curriculum(repo: str = str(ROOT), stages: list[int] | None = None, overrides
             publish_artifacts(stage.item, [s for s in plan if s.item == stage.item], str(root))
             done.append(int(stage.item))
     return {"stages": done}
+
+
+@task(name="check-overrides", retries=3, retry_delay_seconds=5, retry_condition_fn=only_transient)
+def check_overrides(overrides: dict[str, Any], repo: str) -> None:
+    """Validate ``params.yaml`` with the overrides as typed parameters (:func:`pipeline.params.load_params`), reading
+    it under DVC's lock: another worker's ``dvc exp run`` in the same repository rewrites it while stashing its
+    experiment."""
+    from pipeline.params import load_params
+
+    with repository_locked(repo):
+        load_params(Path(repo) / "params.yaml", overrides)
 
 
 @task(name="experiment", retries=3, retry_delay_seconds=15, retry_condition_fn=only_transient)

@@ -137,3 +137,36 @@ def test_dvc_runs_niceness_below_its_caller_and_its_children_inherit_it(tmp_path
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == min(mine + 10, 19)
     monkeypatch.setattr(module.shutil, "which", lambda name: None)  # no `nice` command: the caller's priority
     assert int(dvc(["queue", "start"], tmp_path, leaves_processes=leaves_processes, niceness=10)) == mine
+
+
+def test_params_are_read_under_dvcs_lock_so_no_experiment_rewrites_them_meanwhile(tmp_path):
+    """``dvc exp run`` writes its ``-S`` values into the workspace's params.yaml while it stashes an experiment; a Prefect
+    worker reading the file beside it once saw half of it. Under :func:`repository_locked` no experiment can start
+    rewriting it (DVC waits, then reports the lock), and a lock held by another process is reported as busy."""
+    import sys
+    import textwrap
+
+    from experiments.dvc import DvcBusy, repository_locked
+    from tests.experiments.test_compare import standin_repo
+
+    repo = standin_repo(tmp_path / "repo")
+    before = (repo / "params.yaml").read_text()
+    with repository_locked(repo):
+        with pytest.raises(DvcBusy, match="Unable to acquire lock"):
+            dvc(["exp", "run", "--temp", "-S", "train.seed=5"], repo)
+        assert (repo / "params.yaml").read_text() == before
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        from dvc.repo import Repo
+        r = Repo(sys.argv[1]); r.lock.lock(); print("held", flush=True); time.sleep(60)"""), str(repo)],
+        stdout=subprocess.PIPE, text=True, env=dvc_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(DvcBusy, match="DVC's repository lock"):
+            with repository_locked(repo):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with repository_locked(repo):  # released by the holder's end: taken again at once
+        assert (repo / "params.yaml").read_text() == before
