@@ -109,6 +109,12 @@ def dvc_env() -> dict[str, str]:
             "DVC_NO_ANALYTICS": "1"}
 
 
+def dvc_command(args: list[str], niceness: int = 0) -> list[str]:
+    """The command line of ``dvc ARGS`` run ``niceness`` below this process's CPU priority (``nice -n``; without a
+    ``nice`` command, not a POSIX system, at this process's priority)."""
+    return ["nice", "-n", str(niceness), "dvc", *args] if niceness and shutil.which("nice") else ["dvc", *args]
+
+
 def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_processes: bool = False,
         env: dict[str, str] | None = None, niceness: int = 0) -> str:
     """Run ``dvc ARGS`` in ``repo``; its output, or :class:`DvcBusy` / :class:`DvcError` with the output's tail.
@@ -122,8 +128,7 @@ def dvc(args: list[str], repo: str | Path, timeout: float | None = None, leaves_
     processes ends, and with two workers one of them may never end (its shutdown message taken by the other; DVC issue
     10427)."""
     environment = {**dvc_env(), **(env or {})}
-    # without a `nice` command (not a POSIX system) the command runs at this process's priority
-    command = ["nice", "-n", str(niceness), "dvc", *args] if niceness and shutil.which("nice") else ["dvc", *args]
+    command = dvc_command(args, niceness)
     if leaves_processes:
         with tempfile.TemporaryFile(mode="w+") as out:
             proc = subprocess.run(command, cwd=repo, env=environment, stdout=out, stderr=subprocess.STDOUT,

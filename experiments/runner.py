@@ -9,20 +9,25 @@ the queue lose an experiment all the same, it is marked failed and queued again 
 because its GPU ran out of memory (too many experiments training on one card at once) is queued again once after its
 wave, with half the workers: the stages it finished are restored from DVC's run-cache, so it goes on from the one that
 failed. Workers and experiment processes are counted from dvc-task's own records, which a busy worker cannot fail to
-answer.
+answer. A first wave that only runs the shared stages (each group's stage 0), no larger than the workers, runs as
+``dvc exp run --temp`` processes while the next wave is queued (:func:`run_wave_beside_queueing`), so that queueing
+does not wait for it.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.dvc import DvcError, StageFiles, dvc, experiments_shown, set_words
+from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, dvc_command, dvc_env, experiments_shown, set_words
 from experiments.plan import Experiment, seed_free_stages, shared_stages, unrestorable, waves
 from pipeline.workers import cpu_share
 
@@ -30,6 +35,25 @@ from pipeline.workers import cpu_share
 def queue_args(item: Experiment, extra: dict[str, Any]) -> list[str]:
     """``dvc exp run --queue`` arguments of one planned experiment (:func:`experiments.dvc.set_words`)."""
     return ["exp", "run", "--queue", "-n", item.name, *set_words({**item.sets, **extra}), *item.targets]
+
+
+QUEUE_ATTEMPTS = 10
+"""How many times :func:`queue_experiment` tries ``dvc exp run --queue`` when DVC's lock or a git file it writes is held
+(another experiment starting or being saved beside it), a second apart."""
+
+
+def queue_experiment(repo: Path, item: Experiment, extra: dict[str, Any], attempts: int = QUEUE_ATTEMPTS,
+                     wait_s: float = 1.0) -> None:
+    """Queue one planned experiment in DVC's queue, trying again while the repository is busy (:class:`DvcBusy`)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            dvc(queue_args(item, extra), repo)
+            break
+        except DvcBusy:
+            if attempt == attempts:
+                raise
+            time.sleep(wait_s)
+    print(f"queued {item.name}", flush=True)
 
 
 QUEUE_STALL_SECONDS = 60.0
@@ -198,22 +222,24 @@ def out_of_memory(repo: Path, names: list[str]) -> list[str]:
 
 
 def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict[str, Any],
-                      retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS) -> dict[str, str]:
-    """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`), then run with
-    ``jobs`` workers, at most one per experiment (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no
-    process left) are marked failed (``dvc queue kill``) and queued again, and workers started again for those still
-    queued, at most ``retries`` times. Those that failed because the GPU ran out of memory (:func:`out_of_memory`) are
-    queued again once, with half the workers, resuming from the run-cache; returns each experiment's final status."""
+                      retries: int = 1, stall_seconds: float = QUEUE_STALL_SECONDS,
+                      queued: bool = False) -> dict[str, str]:
+    """One wave through DVC's queue: queued while no worker runs (:func:`wait_for_workers_to_leave`; ``queued``: it
+    was, by :func:`run_wave_beside_queueing`), then run with ``jobs`` workers, at most one per experiment
+    (:func:`run_queue`). When the queue stalls, the experiments it lost (marked running with no process left) are
+    marked failed (``dvc queue kill``) and queued again, and workers started again for those still queued, at most
+    ``retries`` times. Those that failed because the GPU ran out of memory (:func:`out_of_memory`) are queued again
+    once, with half the workers, resuming from the run-cache; returns each experiment's final status."""
     items = {item.name: item for item in wave}
-    todo = list(wave)
+    todo = [] if queued else list(wave)
     jobs = max(1, min(jobs, len(wave)))  # a worker more than the experiments only slows the wave's end
     attempts = 0
     memory_retried = False
     while True:
-        wait_for_workers_to_leave(repo)
+        if todo:
+            wait_for_workers_to_leave(repo)
         for item in todo:
-            dvc(queue_args(item, extra), repo)
-            print(f"queued {item.name}", flush=True)
+            queue_experiment(repo, item, extra)
         try:
             states = run_queue(repo, jobs, list(items), stall_seconds=stall_seconds)
         except QueueStalled as stalled:
@@ -236,6 +262,47 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
         print(f"{time.strftime('%H:%M:%S')} queue: the GPU ran out of memory in {', '.join(short)}; queued again with "
               f"{jobs} worker(s), from the stages they finished (fewer experiments at once: ENV_ENGINEER_GPU_SLOTS, "
               "--jobs)", file=sys.stderr, flush=True)
+
+
+def run_wave_beside_queueing(repo: Path, wave: list[Experiment], extra: dict[str, Any],
+                             following: list[Experiment]) -> dict[str, str]:
+    """Run ``wave`` (each group's shared stages: a few short experiments) as ``dvc exp run --temp`` processes, all at
+    once and :data:`QUEUE_NICENESS` below this process, each with its share of the cores, and meanwhile queue
+    ``following`` (the next wave) in DVC's queue, whose workers :func:`run_wave_in_queue` starts only after this wave
+    (``queued=True``): queueing two dozen experiments, one to four seconds each, no longer waits for the wave. A run
+    waits for DVC's lock while a queueing holds it (``dvc --wait-for-lock``). Returns each run's final status (Success
+    or Failed, its output's tail printed to stderr); should this end early (an interrupt, a queueing that failed), the
+    runs are stopped (SIGTERM to each one's process group)."""
+    wait_for_workers_to_leave(repo)  # a worker left from an earlier study would take the experiments queued here
+    share = cpu_share(len(wave))
+    runs: dict[str, tuple[subprocess.Popen, Any, float]] = {}
+    try:
+        for item in wave:
+            log = tempfile.TemporaryFile(mode="w+")
+            args = ["--wait-for-lock", "exp", "run", "--temp", "-n", item.name, *set_words({**item.sets, **extra}),
+                    *item.targets]
+            proc = subprocess.Popen(dvc_command(args, QUEUE_NICENESS), cwd=repo, env={**dvc_env(), **share},
+                                    stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+            runs[item.name] = (proc, log, time.monotonic())
+            print(f"{time.strftime('%H:%M:%S')} running {item.name} (dvc exp run --temp)", flush=True)
+        for item in following:
+            queue_experiment(repo, item, extra)
+        states = {}
+        for name, (proc, log, began) in runs.items():
+            states[name] = "Success" if proc.wait() == 0 else "Failed"
+            print(f"{time.strftime('%H:%M:%S')} {name}: {states[name].lower()} after {time.monotonic() - began:.0f} s",
+                  flush=True)
+            if states[name] == "Failed":
+                log.seek(0)
+                tail = "\n".join(log.read().strip().splitlines()[-25:])
+                print(f"{name}: dvc exp run --temp failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
+        return states
+    finally:
+        for proc, log, _ in runs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
+            log.close()
 
 
 def add_commit_argument(parser: Any) -> None:
@@ -305,13 +372,18 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
         for line in unrestorable(stages):
             print(f"warning: {line}", file=sys.stderr, flush=True)
         engine_up_s = ready() if ready is not None else None
-        for number, wave in enumerate(waves(plan, done, shared_stages(stages)), 1):
+        planned = waves(plan, done, shared_stages(stages))
+        queued = False  # whether this wave was queued while the one before ran
+        for number, wave in enumerate(planned, 1):
             wave_began = time.monotonic()
             print(f"{time.strftime('%H:%M:%S')} wave {number}: {len(wave)} experiment(s)", flush=True)
             if via == "prefect":
                 states = run_flow_runs(deployment, wave, extra, repo=repo)
+            elif number < len(planned) and len(wave) <= jobs and all(item.targets for item in wave):
+                states = run_wave_beside_queueing(repo, wave, extra, planned[number])
+                queued = True
             else:
-                states = run_wave_in_queue(repo, jobs, wave, extra)
+                states, queued = run_wave_in_queue(repo, jobs, wave, extra, queued=queued), False
             failed = [name for name, state in states.items() if state == "Failed"]
             if failed:
                 where = "the flow runs' logs in Prefect show why" if via == "prefect" else "`dvc queue logs NAME` shows why"

@@ -171,7 +171,10 @@ def test_compare_runs_the_experiments_through_the_dvc_queue_and_reads_dvc_exp_sh
     assert main(args + ["--run", "--jobs", "2"]) == 0
     printed = capsys.readouterr().out
     assert "queued cmp-fixed-s1" in printed and "queue:" in printed
-    assert printed.index("queued shared-cmp-fixed-s1") < printed.index("queued cmp-fixed-s1")  # each seed's shared stages first
+    # each seed's shared stages first, as `dvc exp run --temp` while the others are queued; the queue's workers after
+    assert printed.index("running shared-cmp-fixed-s1") < printed.index("queued cmp-fixed-s1")
+    assert "queued shared-" not in printed and "shared-cmp-fixed-s2: success" in printed
+    assert printed.index("shared-cmp-fixed-s2: success") < printed.index("2 experiment(s) at once")
     listed = subprocess.run(["dvc", "exp", "list", "--name-only"], cwd=tmp_path, capture_output=True, text=True,
                             env=dvc_env(), check=True).stdout
     assert "cmp-fixed-s1" in listed and "shared-" not in listed  # the scaffolding experiments are removed
@@ -615,3 +618,76 @@ def test_a_repository_where_git_cannot_commit_is_left_as_it_is_with_a_warning(tm
     assert "slower to queue" in capsys.readouterr().err
     status = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
     assert "dvc.lock" in status  # neither committed nor lost
+
+
+def test_a_queueing_that_finds_the_repository_busy_is_tried_again_a_bounded_number_of_times(monkeypatch, capsys):
+    """Beside a first wave's runs, `dvc exp run --queue` may find DVC's lock or a git ref held: tried again."""
+    from experiments import runner
+    from experiments.dvc import DvcBusy, DvcError
+
+    answers = iter([DvcBusy("Unable to acquire lock"), DvcBusy("cannot lock ref"), ""])
+    calls = []
+
+    def fake_dvc(args, repo, **kwargs):
+        calls.append(args)
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(runner, "dvc", fake_dvc)
+    item = comparison_plan(["fixed"], [0])[0]
+    runner.queue_experiment(Path("."), item, {}, wait_s=0)
+    assert len(calls) == 3 and f"queued {item.name}" in capsys.readouterr().out
+    answers = iter([DvcBusy("Unable to acquire lock")] * 3)
+    with pytest.raises(DvcBusy):
+        runner.queue_experiment(Path("."), item, {}, attempts=3, wait_s=0)
+    answers = iter([DvcError("ERROR: a bad parameter")])  # not worth a second try
+    with pytest.raises(DvcError, match="bad parameter"):
+        runner.queue_experiment(Path("."), item, {}, wait_s=0)
+
+
+def test_a_first_wave_runs_while_the_next_is_queued_and_its_runs_are_stopped_if_queueing_fails(tmp_path, monkeypatch,
+                                                                                              capsys):
+    """`run_wave_beside_queueing` with a stand-in `dvc`: each run's status, a failed one's output on stderr, the next
+    wave queued meanwhile; and when queueing fails, the runs still going are stopped, not left behind."""
+    import time
+
+    from experiments import runner
+    from tests.experiments.test_dvc import stand_in_dvc
+
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    stand_in_dvc(tmp_path, monkeypatch, f"""#!/bin/sh
+case "$*" in
+  *"--temp -n ok "*) echo "ran"; exit 0;;
+  *"--temp -n bad "*) echo "stage validate@0 broke"; exit 1;;
+  *"--temp -n slow "*) exec sh -c 'echo $$ > {pids}/slow; exec sleep 60';;
+  *"--queue -n boom "*) for i in $(seq 100); do [ -f {pids}/slow ] && break; sleep 0.05; done
+                        echo "ERROR: no such parameter"; exit 1;;
+  *"--queue"*) exit 0;;
+esac
+exit 3
+""")
+    import experiments.dvc as dvc_module
+
+    monkeypatch.setattr(runner, "dvc_env", dvc_module.dvc_env)  # the stand-in's PATH for the runs the runner starts
+    plan = comparison_plan(["fixed", "heuristic"], [0])
+    first = [replace(plan[0], name="ok", targets=("validate@0",)), replace(plan[1], name="bad", targets=("validate@0",))]
+    assert runner.run_wave_beside_queueing(tmp_path, first, {}, plan) == {"ok": "Success", "bad": "Failed"}
+    printed = capsys.readouterr()
+    assert "running ok (dvc exp run --temp)" in printed.out and f"queued {plan[1].name}" in printed.out
+    assert "bad: dvc exp run --temp failed (exit 1):\nstage validate@0 broke" in printed.err
+    slow = [replace(plan[0], name="slow", targets=("validate@0",))]
+    with pytest.raises(runner.DvcError, match="no such parameter"):
+        runner.run_wave_beside_queueing(tmp_path, slow, {}, [replace(plan[1], name="boom")])
+    pid = int((pids / "slow").read_text())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the first wave's run {pid} was left running")
