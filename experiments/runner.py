@@ -351,7 +351,9 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
     """Run a study's unfinished experiments: the stages no experiment changes once in the workspace
     (:func:`experiments.plan.seed_free_stages`) and, with ``commit``, what they changed committed
     (:func:`commit_shared`), then the plan wave by wave (:func:`experiments.plan.waves`) through DVC's queue with
-    ``jobs`` workers or as runs of a Prefect ``deployment`` (``via="prefect"``); an experiment with a last-stage result
+    ``jobs`` workers (a first wave of shared stages only, no larger than ``jobs``, as ``dvc exp run --temp`` while the
+    next is queued: :func:`run_wave_beside_queueing`) or as runs of a Prefect ``deployment`` (``via="prefect"``); an
+    experiment with a last-stage result
     is kept, not run again. ``ready`` (the warm servers', :mod:`experiments.warm_engine`) is waited for after the
     workspace's stages, before the first wave. Returns what ran on what: wall seconds, the GPUs (kind, count), how busy
     they were, and when warm servers were waited for, how long after its start the last one answered."""
