@@ -265,17 +265,17 @@ def run_wave_in_queue(repo: Path, jobs: int, wave: list[Experiment], extra: dict
 
 
 def run_wave_beside_queueing(repo: Path, wave: list[Experiment], extra: dict[str, Any],
-                             following: list[Experiment]) -> dict[str, str]:
+                             following: list[Experiment], poll_seconds: float = 5.0) -> dict[str, str]:
     """Run ``wave`` (each group's shared stages: a few short experiments) as ``dvc exp run --temp`` processes, all at
     once and :data:`QUEUE_NICENESS` below this process, each with its share of the cores, and meanwhile queue
     ``following`` (the next wave) in DVC's queue, whose workers :func:`run_wave_in_queue` starts only after this wave
     (``queued=True``): queueing two dozen experiments, one to four seconds each, no longer waits for the wave. A run
-    waits for DVC's lock while a queueing holds it (``dvc --wait-for-lock``). Returns each run's final status (Success
-    or Failed, its output's tail printed to stderr); should this end early (an interrupt, a queueing that failed), the
+    waits for DVC's lock while a queueing holds it (``dvc --wait-for-lock``). Prints a count per state when it changes;
+    returns each run's final status (Success or Failed, its output's tail printed to stderr); should this end early (an interrupt, a queueing that failed), the
     runs are stopped (SIGTERM to each one's process group)."""
     wait_for_workers_to_leave(repo)  # a worker left from an earlier study would take the experiments queued here
     share = cpu_share(len(wave))
-    runs: dict[str, tuple[subprocess.Popen, Any, float]] = {}
+    runs: dict[str, tuple[subprocess.Popen, Any]] = {}
     try:
         for item in wave:
             log = tempfile.TemporaryFile(mode="w+")
@@ -283,22 +283,24 @@ def run_wave_beside_queueing(repo: Path, wave: list[Experiment], extra: dict[str
                     *item.targets]
             proc = subprocess.Popen(dvc_command(args, QUEUE_NICENESS), cwd=repo, env={**dvc_env(), **share},
                                     stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            runs[item.name] = (proc, log, time.monotonic())
+            runs[item.name] = (proc, log)
             print(f"{time.strftime('%H:%M:%S')} running {item.name} (dvc exp run --temp)", flush=True)
         for item in following:
             queue_experiment(repo, item, extra)
-        states = {}
-        for name, (proc, log, began) in runs.items():
-            states[name] = "Success" if proc.wait() == 0 else "Failed"
-            print(f"{time.strftime('%H:%M:%S')} {name}: {states[name].lower()} after {time.monotonic() - began:.0f} s",
-                  flush=True)
+
+        def read() -> dict[str, str]:
+            return {name: "Running" if proc.poll() is None else "Success" if proc.returncode == 0 else "Failed"
+                    for name, (proc, _) in runs.items()}
+
+        states = wait_until_final(read, QUEUE_FINAL, "runs", poll_seconds)
+        for name, (proc, log) in runs.items():
             if states[name] == "Failed":
                 log.seek(0)
                 tail = "\n".join(log.read().strip().splitlines()[-25:])
                 print(f"{name}: dvc exp run --temp failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
         return states
     finally:
-        for proc, log, _ in runs.values():
+        for proc, log in runs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)
                 proc.wait()
