@@ -3,8 +3,9 @@
 :func:`pipeline_stages` gives every stage of the pipeline (``foreach`` items expanded, ``train@0``) in an order that
 runs each after the stages it depends on, with the files it reads and writes as DVC declares them; the Prefect flow,
 the comparison and the report find their stages and files through it. :func:`dvc` runs a ``dvc`` command and tells a
-busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json`` and
-:func:`repository_locked` holds DVC's lock to read a file DVC rewrites while other experiments may be running in the same repository.
+busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json``, and
+:func:`repository_locked` holds DVC's lock to read a file DVC rewrites, while other experiments may be running in the
+same repository.
 """
 
 from __future__ import annotations

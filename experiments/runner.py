@@ -16,6 +16,7 @@ does not wait for it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -32,9 +33,10 @@ from experiments.plan import Experiment, seed_free_stages, shared_stages, unrest
 from pipeline.workers import cpu_share
 
 
-def queue_args(item: Experiment, extra: dict[str, Any]) -> list[str]:
-    """``dvc exp run --queue`` arguments of one planned experiment (:func:`experiments.dvc.set_words`)."""
-    return ["exp", "run", "--queue", "-n", item.name, *set_words({**item.sets, **extra}), *item.targets]
+def queue_args(item: Experiment, extra: dict[str, Any], how: str = "--queue") -> list[str]:
+    """``dvc exp run --queue`` arguments of one planned experiment (:func:`experiments.dvc.set_words`); ``how``:
+    ``--temp`` to run it at once instead."""
+    return ["exp", "run", how, "-n", item.name, *set_words({**item.sets, **extra}), *item.targets]
 
 
 QUEUE_ATTEMPTS = 10
@@ -271,40 +273,39 @@ def run_wave_beside_queueing(repo: Path, wave: list[Experiment], extra: dict[str
     ``following`` (the next wave) in DVC's queue, whose workers :func:`run_wave_in_queue` starts only after this wave
     (``queued=True``): queueing two dozen experiments, one to four seconds each, no longer waits for the wave. A run
     waits for DVC's lock while a queueing holds it (``dvc --wait-for-lock``). Prints a count per state when it changes;
-    returns each run's final status (Success or Failed, its output's tail printed to stderr); should this end early (an interrupt, a queueing that failed), the
-    runs are stopped (SIGTERM to each one's process group)."""
+    returns each run's final status (Success or Failed, its output's tail printed to stderr). Should this end early
+    (an interrupt, a queueing that failed), the runs are stopped (SIGTERM to each one's process group)."""
     wait_for_workers_to_leave(repo)  # a worker left from an earlier study would take the experiments queued here
     share = cpu_share(len(wave))
     runs: dict[str, tuple[subprocess.Popen, Any]] = {}
-    try:
-        for item in wave:
-            log = tempfile.TemporaryFile(mode="w+")
-            args = ["--wait-for-lock", "exp", "run", "--temp", "-n", item.name, *set_words({**item.sets, **extra}),
-                    *item.targets]
-            proc = subprocess.Popen(dvc_command(args, QUEUE_NICENESS), cwd=repo, env={**dvc_env(), **share},
-                                    stdout=log, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-            runs[item.name] = (proc, log)
-            print(f"{time.strftime('%H:%M:%S')} running {item.name} (dvc exp run --temp)", flush=True)
-        for item in following:
-            queue_experiment(repo, item, extra)
+    with contextlib.ExitStack() as logs:
+        try:
+            for item in wave:
+                log = logs.enter_context(tempfile.TemporaryFile(mode="w+"))
+                command = dvc_command(["--wait-for-lock", *queue_args(item, extra, how="--temp")], QUEUE_NICENESS)
+                runs[item.name] = (subprocess.Popen(command, cwd=repo, env={**dvc_env(), **share}, stdout=log,
+                                                    stderr=subprocess.STDOUT, text=True, start_new_session=True), log)
+                print(f"{time.strftime('%H:%M:%S')} running {item.name} (dvc exp run --temp)", flush=True)
+            for item in following:
+                queue_experiment(repo, item, extra)
 
-        def read() -> dict[str, str]:
-            return {name: "Running" if proc.poll() is None else "Success" if proc.returncode == 0 else "Failed"
-                    for name, (proc, _) in runs.items()}
+            def read() -> dict[str, str]:
+                return {name: "Running" if proc.poll() is None else "Success" if proc.returncode == 0 else "Failed"
+                        for name, (proc, _) in runs.items()}
 
-        states = wait_until_final(read, QUEUE_FINAL, "runs", poll_seconds)
+            states = wait_until_final(read, QUEUE_FINAL, "runs", poll_seconds)
+        finally:
+            for proc, _ in runs.values():
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    proc.wait()
         for name, (proc, log) in runs.items():
             if states[name] == "Failed":
                 log.seek(0)
                 tail = "\n".join(log.read().strip().splitlines()[-25:])
-                print(f"{name}: dvc exp run --temp failed (exit {proc.returncode}):\n{tail}", file=sys.stderr, flush=True)
-        return states
-    finally:
-        for proc, log in runs.values():
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-                proc.wait()
-            log.close()
+                print(f"{name}: dvc exp run --temp failed (exit {proc.returncode}):\n{tail}", file=sys.stderr,
+                      flush=True)
+    return states
 
 
 def add_commit_argument(parser: Any) -> None:
@@ -355,10 +356,10 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
     (:func:`commit_shared`), then the plan wave by wave (:func:`experiments.plan.waves`) through DVC's queue with
     ``jobs`` workers (a first wave of shared stages only, no larger than ``jobs``, as ``dvc exp run --temp`` while the
     next is queued: :func:`run_wave_beside_queueing`) or as runs of a Prefect ``deployment`` (``via="prefect"``); an
-    experiment with a last-stage result
-    is kept, not run again. ``ready`` (the warm servers', :mod:`experiments.warm_engine`) is waited for after the
-    workspace's stages, before the first wave. Returns what ran on what: wall seconds, the GPUs (kind, count), how busy
-    they were, and when warm servers were waited for, how long after its start the last one answered."""
+    experiment with a last-stage result is kept, not run again. ``ready`` (the warm servers',
+    :mod:`experiments.warm_engine`) is waited for after the workspace's stages, before the first wave. Returns what
+    ran on what: wall seconds, the GPUs (kind, count), how busy they were, and when warm servers were waited for,
+    how long after its start the last one answered."""
     from experiments.machine import BusySampler, describe_gpus
     from experiments.records import experiment_records, last_stage_result
 

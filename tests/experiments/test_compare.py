@@ -673,7 +673,8 @@ exit 3
 
     monkeypatch.setattr(runner, "dvc_env", dvc_module.dvc_env)  # the stand-in's PATH for the runs the runner starts
     plan = comparison_plan(["fixed", "heuristic"], [0])
-    first = [replace(plan[0], name="ok", targets=("validate@0",)), replace(plan[1], name="bad", targets=("validate@0",))]
+    first = [replace(plan[0], name="ok", targets=("validate@0",)),
+             replace(plan[1], name="bad", targets=("validate@0",))]
     assert runner.run_wave_beside_queueing(tmp_path, first, {}, plan, poll_seconds=0.05) == {"ok": "Success",
                                                                                            "bad": "Failed"}
     printed = capsys.readouterr()

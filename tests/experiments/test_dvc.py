@@ -140,8 +140,8 @@ def test_dvc_runs_niceness_below_its_caller_and_its_children_inherit_it(tmp_path
 
 
 def test_params_are_read_under_dvcs_lock_so_no_experiment_rewrites_them_meanwhile(tmp_path):
-    """``dvc exp run`` writes its ``-S`` values into the workspace's params.yaml while it stashes an experiment; a Prefect
-    worker reading the file beside it once saw half of it. Under :func:`repository_locked` no experiment can start
+    """``dvc exp run`` writes its ``-S`` values into the workspace's params.yaml while it stashes an experiment; a
+    Prefect worker reading the file beside it once saw half of it. Under :func:`repository_locked` no experiment can start
     rewriting it (DVC waits, then reports the lock), and a lock held by another process is reported as busy."""
     import sys
     import textwrap
