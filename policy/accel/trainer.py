@@ -31,12 +31,21 @@ def trainer_arguments(config: Settings, device: str, work: Path, model: Any, pha
 def _loader_args(config: Settings, device: str, phase: Phase) -> dict[str, Any]:
     """The warm start's data loader: ``sft_drop_last``, ``sft_loader_workers``, and on CUDA each pinned batch copied
     to the GPU without the CPU waiting for the copy (accelerate's ``non_blocking``; a blocking copy waits for every
-    step queued before it). GRPO's loader collates in the training process, as transformers sets it otherwise."""
+    step queued before it). GRPO's loader collates in the training process, as transformers sets it otherwise.
+
+    Loader workers are forked from the training process where the system can fork. Otherwise they would start as the
+    process itself was started, and a warm trainer (``env-engineer train-server``) is spawned: each of its trainings'
+    workers would import torch, transformers and TRL again only to collate a few dozen batches (the lab note's eighth
+    one-GPU comparison attempt measured what that costs the cores). The workers never touch the GPU."""
+    import multiprocessing
+
     if phase != "sft":
         return {"dataloader_num_workers": 0}
     workers = config.accel.sft_loader_workers
-    args: dict[str, Any] = {"dataloader_drop_last": config.accel.sft_drop_last,
-                            "dataloader_num_workers": (2 if device == "cuda" else 0) if workers == "auto" else workers}
+    count = (2 if device == "cuda" else 0) if workers == "auto" else workers
+    args: dict[str, Any] = {"dataloader_drop_last": config.accel.sft_drop_last, "dataloader_num_workers": count}
+    if count and "fork" in multiprocessing.get_all_start_methods():
+        args["dataloader_multiprocessing_context"] = "fork"
     if device == "cuda":
         args |= {"dataloader_pin_memory": True, "accelerator_config": {"non_blocking": True}}
     return args

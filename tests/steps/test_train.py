@@ -174,6 +174,9 @@ def test_trainer_arguments_hold_compilation_and_recomputation(tmp_path):
     assert sft["dataloader_drop_last"] is True and sft["dataloader_num_workers"] == 2  # 'auto' on CUDA
     assert trainer_arguments(train_settings(sft_loader_workers=3), "cuda", tmp_path, model, "sft")["dataloader_num_workers"] == 3
     assert trainer_arguments(train_settings(), "cpu", tmp_path, model, "sft")["dataloader_num_workers"] == 0
+    # workers are forked, not started as the training process was (a warm trainer is spawned); none, no context
+    assert sft["dataloader_multiprocessing_context"] == "fork"
+    assert "dataloader_multiprocessing_context" not in trainer_arguments(train_settings(), "cpu", tmp_path, model, "sft")
     assert trainer_arguments(train_settings(), "cuda", tmp_path, model, "grpo")["dataloader_num_workers"] == 0
     with pytest.raises(ValidationError, match="sft_loader_workers"):
         train_settings(sft_loader_workers=-1)
