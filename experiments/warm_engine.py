@@ -91,6 +91,16 @@ class WarmEngine:
         """The settings every experiment runs with so that its rollouts are answered by this server."""
         return dict(zip(SETS, ("openai", self.base_url, None, self.concurrency)))
 
+    def environment(self) -> dict[str, str]:
+        """What the server's environment adds to this process's. vLLM: adapters loaded at runtime, and one torch
+        thread on the CPU (``OMP_NUM_THREADS=1``) unless the environment sets another count. vLLM sets the same for
+        its own workers when it starts several; started for one GPU it leaves torch's threads at one per core, and
+        its engine then took several cores that the experiments' steps were waiting for (the lab note's eighth
+        one-GPU comparison attempt)."""
+        if self.kind != "vllm":
+            return {}
+        return {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+
 
 TRAIN_SETS = ("train.server",)
 """The settings warm trainers give every experiment (:meth:`WarmTrainer.overrides`)."""
@@ -120,6 +130,10 @@ class WarmTrainer:
     def overrides(self) -> dict[str, Any]:
         """The settings every experiment runs with so that its stages are trained by these processes."""
         return {"train.server": self.base_url}
+
+    def environment(self) -> dict[str, str]:
+        """Nothing added: each worker sets its own share of the cores (``env-engineer train-server``)."""
+        return {}
 
 
 def vllm_program() -> list[str]:
@@ -197,7 +211,7 @@ class Serving:
             raise WarmEngineError(f"{e.option}: port {e.port}: something already listens there; stop it or give "
                                   "another port")
         e.log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+        env = {**os.environ, **e.environment()}
         with open(e.log, "ab") as log:
             try:
                 self.process = subprocess.Popen(e.command(), stdout=log, stderr=subprocess.STDOUT, cwd=e.repo, env=env,

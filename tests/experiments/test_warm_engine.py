@@ -40,6 +40,27 @@ def test_every_server_has_a_help_sentence_and_a_command():
                                   "rollout.api_key_env": None, "rollout.concurrency": 256}
 
 
+def test_vllm_runs_with_runtime_adapters_and_one_cpu_thread_unless_told(monkeypatch, tmp_path):
+    """vLLM's environment: adapters loaded at runtime, and one torch thread unless OMP_NUM_THREADS says otherwise;
+    the project's own server and the warm trainers keep this process's environment."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    engine = WarmEngine("vllm", "embedded", Path("/models/m"), ROOT, Path("log"))
+    assert engine.environment() == {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "OMP_NUM_THREADS": "1"}
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    assert engine.environment()["OMP_NUM_THREADS"] == "4"
+    assert WarmEngine("env-engineer", "embedded", Path("/models/m"), ROOT, Path("log")).environment() == {}
+    assert WarmTrainer(2, tmp_path, tmp_path / "log").environment() == {}
+    # the server is started with it: a stand-in that says its thread count and exits
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(WarmEngine, "command", lambda self: [
+        sys.executable, "-c", "import os, sys; print('threads', os.environ['OMP_NUM_THREADS']); sys.exit(3)"])
+    served = WarmEngine("vllm", "embedded", Path("/models/m"), tmp_path, tmp_path / "s.log", port=free_port())
+    with pytest.raises(WarmEngineError, match=r"exited \(3\)"):
+        with Serving(served, poll_s=0.1) as ready:
+            ready()
+    assert "threads 1" in (tmp_path / "s.log").read_text()
+
+
 def test_vllm_runs_as_this_pythons_module_where_it_imports(monkeypatch):
     """An offline install may unpack vLLM into the path without its ``vllm`` script: where vLLM imports, the server
     is this Python's ``-m vllm.entrypoints.cli.main`` (whose ``__main__`` guard keeps vLLM's spawned engine process
