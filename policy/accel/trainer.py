@@ -4,6 +4,7 @@ graphs' step marks (:func:`graph_steps`) and the warm start's ``SFTTrainer`` wit
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -37,8 +38,6 @@ def _loader_args(config: Settings, device: str, phase: Phase) -> dict[str, Any]:
     process itself was started, and a warm trainer (``env-engineer train-server``) is spawned: each of its trainings'
     workers would import torch, transformers and TRL again only to collate a few dozen batches (the lab note's eighth
     one-GPU comparison attempt measured what that costs the cores). The workers never touch the GPU."""
-    import multiprocessing
-
     if phase != "sft":
         return {"dataloader_num_workers": 0}
     workers = config.accel.sft_loader_workers
