@@ -3,9 +3,9 @@
 :func:`pipeline_stages` gives every stage of the pipeline (``foreach`` items expanded, ``train@0``) in an order that
 runs each after the stages it depends on, with the files it reads and writes as DVC declares them; the Prefect flow,
 the comparison and the report find their stages and files through it. :func:`dvc` runs a ``dvc`` command and tells a
-busy repository (worth retrying) from a failure; :func:`experiments_shown` reads ``dvc exp show --json``, and
-:func:`repository_locked` holds DVC's lock to read a file DVC rewrites, while other experiments may be running in the
-same repository.
+busy repository (worth retrying: :func:`retrying`) from a failure; :func:`experiments_shown` reads ``dvc exp show
+--json``, and :func:`repository_locked` holds DVC's lock to read a file DVC rewrites, while other experiments may be
+running in the same repository.
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 
 @dataclass(frozen=True)
@@ -168,28 +169,40 @@ def repository_locked(repo: str | Path) -> Iterator[None]:
             r.lock.unlock()
 
 
+T = TypeVar("T")
+
 VANISHED_RUN_MARKER = "/.dvc/tmp/exps/"
 """Where DVC keeps the working copies of ``dvc exp run --temp`` runs. ``dvc exp show`` opens the copy of every running
 experiment; when one finishes between being listed and being opened, DVC fails with "No such file or directory" on its
 copy. Reading again then succeeds (the finished experiment is read from git like the others)."""
 
 
-def experiments_shown(repo: str | Path, attempts: int = 5, wait_s: float = 2.0) -> list:
-    """``dvc exp show --json`` in ``repo``, parsed. Several experiments may be running beside it (one Prefect worker per
-    GPU): a read that fails because one of them finished while DVC was opening its working copy, or because another
-    command held DVC's lock, is tried again, up to ``attempts`` times ``wait_s`` seconds apart; any other failure, or
-    the last one, raises :class:`DvcError`."""
+def retrying(call: Callable[[], T], attempts: int, wait_s: float,
+             also: Callable[[DvcError], bool] = lambda e: False) -> T:
+    """``call()`` (a :func:`dvc` command), made again while it fails because the repository is busy (:class:`DvcBusy`)
+    or with an error ``also`` accepts, at most ``attempts`` times ``wait_s`` seconds apart; any other failure, or the
+    last one, raises."""
     if attempts < 1:
         raise ValueError(f"attempts={attempts}: must be at least 1")
     for _ in range(attempts - 1):
         try:
-            return json.loads(dvc(["exp", "show", "--json"], repo))
+            return call()
         except DvcError as e:
-            vanished = "No such file or directory" in str(e) and VANISHED_RUN_MARKER in str(e)
-            if not (vanished or isinstance(e, DvcBusy)):
+            if not (isinstance(e, DvcBusy) or also(e)):
                 raise
         time.sleep(wait_s)
-    return json.loads(dvc(["exp", "show", "--json"], repo))
+    return call()
+
+
+def experiments_shown(repo: str | Path, attempts: int = 5, wait_s: float = 2.0) -> list:
+    """``dvc exp show --json`` in ``repo``, parsed. Several experiments may be running beside it (one Prefect worker per
+    GPU): a read that fails because one of them finished while DVC was opening its working copy, or because another
+    command held DVC's lock, is tried again, up to ``attempts`` times ``wait_s`` seconds apart (:func:`retrying`)."""
+
+    def vanished(e: DvcError) -> bool:
+        return "No such file or directory" in str(e) and VANISHED_RUN_MARKER in str(e)
+
+    return json.loads(retrying(lambda: dvc(["exp", "show", "--json"], repo), attempts, wait_s, also=vanished))
 
 
 def pipeline_stages(repo: str | Path) -> list[StageFiles]:

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from experiments.dvc import DvcBusy, DvcError, StageFiles, dvc, dvc_command, dvc_env, experiments_shown, set_words
+from experiments.dvc import DvcError, StageFiles, dvc, dvc_command, dvc_env, experiments_shown, retrying, set_words
 from experiments.plan import Experiment, seed_free_stages, shared_stages, unrestorable, waves
 from pipeline.workers import cpu_share
 
@@ -46,15 +46,9 @@ QUEUE_ATTEMPTS = 10
 
 def queue_experiment(repo: Path, item: Experiment, extra: dict[str, Any], attempts: int = QUEUE_ATTEMPTS,
                      wait_s: float = 1.0) -> None:
-    """Queue one planned experiment in DVC's queue, trying again while the repository is busy (:class:`DvcBusy`)."""
-    for attempt in range(1, attempts + 1):
-        try:
-            dvc(queue_args(item, extra), repo)
-            break
-        except DvcBusy:
-            if attempt == attempts:
-                raise
-            time.sleep(wait_s)
+    """Queue one planned experiment in DVC's queue, trying again while the repository is busy
+    (:func:`experiments.dvc.retrying`)."""
+    retrying(lambda: dvc(queue_args(item, extra), repo), attempts, wait_s)
     print(f"queued {item.name}", flush=True)
 
 
