@@ -38,14 +38,16 @@ class Cell:
     config: EnvConfig
 
 
-def cell_configs(seed: int, per_cell: int, wait_ratios: Sequence[float], hole_ratio: float,
+def cell_configs(seed: int, per_cell: int | Mapping[int, int], wait_ratios: Sequence[float], hole_ratio: float,
                  agents: Mapping[int, Sequence[int]]) -> list[Cell]:
-    """One :class:`Cell` per (agent count, wait subset): ``per_cell`` instances on each of the agent count's sizes."""
+    """One :class:`Cell` per (agent count, wait subset): ``per_cell`` instances (one number, or one per agent count)
+    on each of the agent count's sizes."""
     out = []
     for a, sizes in sorted(agents.items()):
+        count = per_cell if isinstance(per_cell, int) else per_cell[a]
         for w in wait_ratios:
             cell_seed = draw_seed(seed, a * 1000 + round(w * 100)) >> 1  # within EnvConfig.seed
-            out.append(Cell(a, w, EnvConfig(num_agents=a, budget=per_cell * len(sizes), seed=cell_seed,
+            out.append(Cell(a, w, EnvConfig(num_agents=a, budget=count * len(sizes), seed=cell_seed,
                                              sizes={n: SizeConfig(data_ratio=1.0, hole_ratio=hole_ratio, wait_ratio=w)
                                                     for n in sizes})))
     return out

@@ -72,17 +72,36 @@ class CurriculumStage(Section):
     next: int = Field(ge=1, description="The stage whose configuration this stage's engineer writes (stage + 1).")
 
 
+PER_CELL_MAX = 10_000
+"""The most instances a benchmark cell may ask for."""
+
+
 class BenchmarkSettings(Section):
     """The held-out benchmark in the paper's layout (``benchmark`` section)."""
 
     seed: int = Field(2026, ge=0, description="The benchmark's own seed.")
-    per_cell: int = Field(50, ge=1, le=10_000, description="Instances per (agents, size, wait subset) cell (paper: 50).")
+    per_cell: int | dict[int, int] = Field(
+        50, description="Instances per (agents, size, wait subset) cell (paper: 50): one number for every agent count, "
+        f"or one per agent count of agents (e.g. {{2: 15, 3: 5}}); each 1 to {PER_CELL_MAX:,}.")
     wait_ratios: list[Annotated[float, Field(ge=0, le=1)]] = Field(
         [0.25, 0.5, 0.75], min_length=1, description="Wait-ratio subsets (paper: 0.25, 0.5, 0.75).")
     hole_ratio: float = Field(0.2, ge=0, le=0.5, description="Hole ratio of every benchmark board.")
     agents: dict[Annotated[int, Field(ge=2, le=8)], list[Annotated[int, Field(ge=3, le=16)]]] = Field(
         {3: list(range(3, 11)), 4: list(range(4, 11)), 5: list(range(5, 11))},
         description="Per agent count, its map sizes (paper: 3 agents on 3..10, 4 on 4..10, 5 on 5..10).")
+
+    @model_validator(mode="after")
+    def _per_cell_for_each_agent_count(self) -> BenchmarkSettings:
+        if isinstance(self.per_cell, dict) and set(self.per_cell) != set(self.agents):
+            raise ValueError(f"benchmark.per_cell gives counts for {sorted(self.per_cell)} agents but benchmark.agents "
+                             f"lists {sorted(self.agents)}: give one count for each agent count of benchmark.agents, "
+                             "or one number for all")
+        counts = self.per_cell.items() if isinstance(self.per_cell, dict) else [(None, self.per_cell)]
+        for agents, count in counts:
+            if not 1 <= count <= PER_CELL_MAX:
+                name = "benchmark.per_cell" + ("" if agents is None else f".{agents}")
+                raise ValueError(f"{name} = {count}: give 1 to {PER_CELL_MAX:,} instances per cell")
+        return self
 
 
 TokenBudget = Annotated[int, Field(ge=1)] | Literal["auto"]

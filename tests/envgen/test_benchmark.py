@@ -46,6 +46,14 @@ def test_cells_follow_the_papers_layout_with_their_own_seeds():
     assert all(c.config.num_agents == c.agents and set(c.config.sizes) == ({3, 4, 5} if c.agents == 3 else {4, 5}) for c in cells)
 
 
+def test_cells_take_a_count_per_agent_count():
+    cells = cell_configs(seed=7, per_cell={3: 3, 4: 1}, wait_ratios=[0.25, 0.5], hole_ratio=0.2,
+                         agents={3: [3, 4, 5], 4: [4, 5]})
+    assert [c.config.budget for c in cells] == [9, 9, 2, 2]
+    same = cell_configs(seed=7, per_cell=3, wait_ratios=[0.25, 0.5], hole_ratio=0.2, agents={3: [3, 4, 5], 4: [4, 5]})
+    assert [c.config.seed for c in cells] == [c.config.seed for c in same]  # a cell's seed is not its count's
+
+
 def test_reference_rows_and_tables():
     cells = cell_configs(seed=5, per_cell=2, wait_ratios=[0.25, 0.75], hole_ratio=0.2, agents={3: [3, 4]})
     rows = [{**record_of(g, c.config.seed), "wait_subset": c.wait_ratio} for c in cells for g in generate(c.config)]
