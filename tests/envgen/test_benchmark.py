@@ -51,7 +51,7 @@ def test_cells_take_a_count_per_agent_count():
                          agents={3: [3, 4, 5], 4: [4, 5]})
     assert [c.config.budget for c in cells] == [9, 9, 2, 2]
     same = cell_configs(seed=7, per_cell=3, wait_ratios=[0.25, 0.5], hole_ratio=0.2, agents={3: [3, 4, 5], 4: [4, 5]})
-    assert [c.config.seed for c in cells] == [c.config.seed for c in same]  # a cell's seed is not its count's
+    assert [c.config.seed for c in cells] == [c.config.seed for c in same]  # the count leaves each cell's seed as it was
 
 
 def test_reference_rows_and_tables():
