@@ -34,7 +34,7 @@ def main() -> None:
     from envgen.formats.dataset import parse_instances
     from envgen.llm.prompt import build_messages
     from pipeline.params import load_params
-    from policy.models import load_tokenizer
+    from policy.models import answer_token_counter, load_tokenizer
     from steps.build_benchmark import build_benchmark
     from steps.rollout import optimal_answer_tokens, token_budget
 
@@ -46,12 +46,9 @@ def main() -> None:
         built_s = time.perf_counter() - start
         rows = pq.read_table(out).to_pylist()
     instances = parse_instances([r["instance"] for r in rows], out)
-    tokenizer = load_tokenizer(params.policy.model)
+    tokenizer = load_tokenizer(params.policy.model)  # its chat template writes the prompts
+    count = answer_token_counter(params.policy.model)  # as the rollout step counts an answer
     style = params.policy.prompt
-
-    def count(text: str) -> int:
-        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
-
     optimal = optimal_answer_tokens(rows, instances, style, count, out)
     table: dict[int, list[int]] = {}
     for row, instance, answer in zip(rows, instances, optimal):
