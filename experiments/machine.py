@@ -1,13 +1,20 @@
 """What an experiment ran on, recorded beside its results: the GPUs (kind and count, from ``nvidia-smi``) and, while a
 run lasts, how busy they were (:class:`BusySampler`). On a machine without ``nvidia-smi`` both say so instead of
-failing."""
+failing. And whether the packages every step imports are compiled again in every process (:func:`bytecode_warning`)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
+
+STEP_PACKAGES = ("great_expectations", "dvc", "polars", "pydantic", "transformers", "trl", "peft")
+"""The installed packages that an experiment's step processes import (DVC's too)."""
 
 
 def _query(fields: str) -> list[list[str]] | None:
@@ -66,3 +73,40 @@ class BusySampler:
         n = len(self.samples)
         return {"samples": n, "mean_busy": round(sum(self.samples) / n, 4) if n else None,
                 "share_of_samples_busy": round(sum(s > 0 for s in self.samples) / n, 4) if n else None}
+
+
+def uncompiled(packages: tuple[str, ...] = STEP_PACKAGES) -> dict[str, Path]:
+    """Those of ``packages`` that every process importing them compiles again (name -> the folder that holds the
+    package): their bytecode is missing and Python will write none (``PYTHONDONTWRITEBYTECODE`` is set, or the folder
+    it would go to cannot be written). Looks at each package's ``__init__`` without importing it; a package that is
+    not installed is left out."""
+    found: dict[str, Path] = {}
+    for name in packages:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+            continue
+        cached = Path(importlib.util.cache_from_source(spec.origin))
+        if cached.exists():
+            continue
+        folder = cached.parent
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+        if sys.dont_write_bytecode or not os.access(folder, os.W_OK):
+            found[name] = Path(spec.origin).parent.parent
+    return found
+
+
+def bytecode_warning(packages: tuple[str, ...] = STEP_PACKAGES) -> str | None:
+    """A line saying which of ``packages`` :func:`uncompiled` finds and how to compile them once, or None."""
+    found = uncompiled(packages)
+    if not found:
+        return None
+    folders = sorted({str(folder) for folder in found.values()})
+    return (f"{', '.join(found)} have no bytecode here and Python writes none (PYTHONDONTWRITEBYTECODE is set, or "
+            "their folders are read-only), so every step of every experiment compiles them again, about twice a "
+            "stage's CPU (docs/lab-notes/benchmarks.md, 'Steps without bytecode'); compile them once: "
+            f"{sys.executable} -m compileall -q {' '.join(folders)} (or install with bytecode: pip's default, "
+            "uv's --compile-bytecode)")

@@ -354,10 +354,12 @@ def run_plan(repo: Path, plan: list[Experiment], extra: dict[str, Any], stages: 
     :mod:`experiments.warm_engine`) is waited for after the workspace's stages, before the first wave. Returns what
     ran on what: wall seconds, the GPUs (kind, count), how busy they were, and when warm servers were waited for,
     how long after its start the last one answered."""
-    from experiments.machine import BusySampler, describe_gpus
+    from experiments.machine import BusySampler, bytecode_warning, describe_gpus
     from experiments.records import experiment_records, last_stage_result
 
     began = time.monotonic()
+    if (line := bytecode_warning()) is not None:
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     with BusySampler() as busy:
         done = {rec["name"] for rec in experiment_records(experiments_shown(repo))
                 if last_stage_result(rec, stages) is not None}
