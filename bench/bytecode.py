@@ -40,7 +40,7 @@ great-expectations inside its check)."""
 
 PER_STAGE = {"generate-instances": 1, "train": 1, "validate (rollout)": 1, "evaluate": 1, "summarize-failures": 1,
              "engineer-config": 1, "check-data": 4}
-"""How many processes of each kind one experiment stage starts (DVC's own process not counted)."""
+"""How many processes of each kind one experiment stage starts (DVC's own processes not counted)."""
 
 
 def cpu_of(modules: str, env: dict[str, str]) -> float:
@@ -82,7 +82,7 @@ def main() -> None:
     a = sum(rows[n][0] * k for n, k in PER_STAGE.items())
     b = sum(rows[n][1] * k for n, k in PER_STAGE.items())
     print(f"one experiment stage's processes: {a:.1f} s with bytecode, {b:.1f} s without ({b - a:.1f} s more, "
-          f"ratio {b / a:.2f}); DVC's own process adds the dvc row's difference once per stage")
+          f"ratio {b / a:.2f}); DVC's own processes (an experiment's executor, the runner's polls) are the dvc row")
 
 
 if __name__ == "__main__":
